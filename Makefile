@@ -1,0 +1,35 @@
+# The README's two commands: `make demo` (the main job) and `make test` (the whole suite, three backends).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# torch==2.13.0 is the CPU wheel on these machines' disk; the constraints keep pip from a CUDA build.
+INSTALL := $(PIP) install -q -c requirements/constraints.txt
+BACKENDS ?= torch jax tensorflow
+
+.PHONY: demo test install install-dev bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+install: $(PY)
+	$(INSTALL) -e ".[torch]"
+
+install-dev: $(PY)
+	$(INSTALL) -e ".[torch,jax,tensorflow,dev]"
+
+demo: install
+	$(VENV)/bin/attnkit demo
+
+test: install-dev
+	@set -e; for b in $(BACKENDS); do \
+		echo "=== KERAS_BACKEND=$$b ==="; \
+		KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider tests; \
+	done
+
+bench: install-dev
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,69 @@
+"""`DotProductAttention`: scaled dot-product attention as a layer (seed 000; paper section 3.2.1).
+
+Legend: `...` leading dims (batch, heads), T_q/T_k query/key lengths, d_k/d_v widths.
+"""
+
+import math
+
+import keras
+
+from attnkit._validation import positive_int, rate
+from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class DotProductAttention(keras.layers.Layer):
+    """softmax(Q K^T / sqrt(d_k)) V, with no weights of its own.
+
+    Args:
+        dropout: dropout rate on the attention weights, in [0, 1). Default 0.
+        seed: optional int seed for the dropout.
+        **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
+
+    Call arguments:
+        queries: (..., T_q, d_k).
+        keys: (..., T_k, d_k).
+        values: (..., T_k, d_v).
+        d_k: the width used for the 1/sqrt(d_k) scale, as in seed 000; default `queries.shape[-1]`.
+        mask: optional keep-mask, True = may attend, broadcastable to (..., T_q, T_k).
+        causal: also apply the bottom-right look-ahead mask. Default False.
+        return_attention_weights: also return the weights. Default False.
+        training: whether dropout is active.
+
+    Returns:
+        output (..., T_q, d_v), and weights (..., T_q, T_k) when `return_attention_weights`.
+
+    Example:
+    >>> q = keras.random.normal((64, 8, 5, 64))
+    >>> DotProductAttention()(q, q, q, 64).shape  # (64, 8, 5, 64)
+    """
+
+    def __init__(self, *, dropout=0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = rate("dropout", dropout)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        self.supports_masking = True
+        self.built = True
+
+    def call(
+        self, queries, keys, values, d_k=None, mask=None, *, causal=False,
+        return_attention_weights=False, training=None,
+    ):
+        scale = None if d_k is None else 1.0 / math.sqrt(positive_int("d_k", d_k))
+        options = dict(
+            causal=causal, scale=scale, dropout=self.dropout, training=bool(training), seed=self.seed_generator
+        )
+        if return_attention_weights:
+            return scaled_dot_product_attention(queries, keys, values, mask, **options)
+        return fused_attention(queries, keys, values, mask, **options)
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return keras_mask_of(inputs)
+
+    def compute_output_shape(self, queries_shape, keys_shape=None, values_shape=None):
+        return tuple(queries_shape[:-1]) + (tuple(values_shape)[-1] if values_shape else queries_shape[-1],)
+
+    def get_config(self):
+        return {**super().get_config(), "dropout": self.dropout, "seed": self.seed}

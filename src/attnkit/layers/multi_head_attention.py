@@ -1,0 +1,170 @@
+"""`MultiHeadAttention`: h heads of scaled dot-product attention (paper section 3.2.2; seeds 000, 001).
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Legend: B batch, T_q/T_k query/key lengths, h heads, d_k/d_v per-head widths (the paper's meaning;
+seed 000 uses totals), d_model output width.
+"""
+
+import keras
+from keras import ops
+
+from attnkit._validation import boolean, positive_int, rate
+from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
+from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention with learned projections W_q, W_k, W_v and W_o.
+
+    Args:
+        h: number of heads.
+        d_k: per-head width of the projected queries and keys (the paper's d_k = d_model / h).
+        d_v: per-head width of the projected values.
+        d_model: width of the output.
+        dropout: dropout rate on the attention weights, in [0, 1). Default 0.
+        use_bias: whether the four projections have biases. Default True.
+        kernel_initializer: initializer of the projection kernels. Default "glorot_uniform".
+        bias_initializer: initializer of the biases. Default "zeros".
+        seed: optional int seed for the dropout.
+        **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
+
+    Call arguments:
+        queries: (B, T_q, d_q).
+        keys: (B, T_k, d_kin); default `queries` (self-attention).
+        values: (B, T_k, d_vin); default `keys`.
+        mask: optional keep-mask, True = may attend; (T_k,), (B, T_k), (T_q, T_k), (B, T_q, T_k) or
+            (B, h, T_q, T_k). Keras masks on the inputs (from `Embedding(mask_zero=True)`) are
+            honoured as key padding.
+        causal: also apply the bottom-right look-ahead mask. Default False.
+        return_attention_weights: also return the per-head weights. Default False.
+        training: whether dropout is active.
+
+    Returns:
+        output (B, T_q, d_model), and weights (B, h, T_q, T_k) when `return_attention_weights`.
+
+    Raises:
+        ValueError: non-positive sizes, ranks other than 3, mismatched batch sizes or lengths, a mask
+            that does not broadcast.
+        TypeError: non-integer sizes, a float mask.
+
+    Example:
+    >>> x = keras.random.normal((64, 5, 512))
+    >>> MultiHeadAttention(h=8, d_k=64, d_v=64, d_model=512)(x).shape  # (64, 5, 512)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, section 3.2.2.
+    """
+
+    def __init__(
+        self, h, d_k, d_v, d_model, *, dropout=0.0, use_bias=True, kernel_initializer="glorot_uniform",
+        bias_initializer="zeros", seed=None, **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.h = positive_int("h", h)
+        self.d_k = positive_int("d_k", d_k)
+        self.d_v = positive_int("d_v", d_v)
+        self.d_model = positive_int("d_model", d_model)
+        self.dropout = rate("dropout", dropout)
+        self.use_bias = bool(boolean("use_bias", use_bias))
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        self.supports_masking = True
+        dense = dict(
+            use_bias=self.use_bias, kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer, dtype=self.dtype_policy,
+        )
+        self.W_q = keras.layers.Dense(self.h * self.d_k, name="W_q", **dense)
+        self.W_k = keras.layers.Dense(self.h * self.d_k, name="W_k", **dense)
+        self.W_v = keras.layers.Dense(self.h * self.d_v, name="W_v", **dense)
+        self.W_o = keras.layers.Dense(self.d_model, name="W_o", **dense)
+
+    def build(self, queries_shape, keys_shape=None, values_shape=None):
+        keys_shape = keys_shape or queries_shape
+        values_shape = values_shape or keys_shape
+        self.W_q.build(queries_shape)
+        self.W_k.build(keys_shape)
+        self.W_v.build(values_shape)
+        self.W_o.build(tuple(queries_shape[:-1]) + (self.h * self.d_v,))
+
+    def call(
+        self, queries, keys=None, values=None, mask=None, *, causal=False, return_attention_weights=False,
+        training=None, queries_mask=None, keys_mask=None, values_mask=None,
+    ):
+        if mask is not None and mask is keras_mask_of(queries):
+            # Keras filled `mask` with the queries' own (B, T) padding mask: in self-attention, keys.
+            mask, keys_mask = None, mask
+        keys = queries if keys is None else keys
+        values = keys if values is None else values
+        self._check_inputs(queries, keys, values)
+        key_padding = keys_mask if keys_mask is not None else values_mask
+        if key_padding is not None:
+            scores_shape = (queries.shape[0], self.h, queries.shape[1], keys.shape[1])
+            key_padding = broadcast_mask(ops.expand_dims(key_padding, 1), scores_shape)  # (B, 1, 1, T_k)
+            mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
+
+        # 1. project, and split the heads: (B, T, h * d) -> (B, h, T, d)
+        q = self._split_heads(self.W_q(queries), self.d_k)
+        k = self._split_heads(self.W_k(keys), self.d_k)
+        v = self._split_heads(self.W_v(values), self.d_v)
+        # 2. attend in every head at once
+        options = dict(causal=causal, dropout=self.dropout, training=bool(training), seed=self.seed_generator)
+        if return_attention_weights:
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
+        else:
+            heads = fused_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
+        # 3. concatenate the heads: (B, h, T_q, d_v) -> (B, T_q, h * d_v)
+        B, T_q = ops.shape(queries)[0], ops.shape(queries)[1]
+        concat = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)), (B, T_q, self.h * self.d_v))
+        # 4. project to d_model
+        output = self.W_o(concat)  # (B, T_q, d_model)
+        return (output, weights) if return_attention_weights else output
+
+    def _split_heads(self, x, d):
+        B, T = ops.shape(x)[0], ops.shape(x)[1]
+        return ops.transpose(ops.reshape(x, (B, T, self.h, d)), (0, 2, 1, 3))  # (B, h, T, d)
+
+    def _check_inputs(self, queries, keys, values):
+        shapes = {"queries": queries.shape, "keys": keys.shape, "values": values.shape}
+        for name, shape in shapes.items():
+            if len(shape) != 3:
+                raise ValueError(
+                    f"`{name}` must have rank 3, (batch, length, features). "
+                    f"Received: {name}.shape={_shape_str(shape)}"
+                )
+        batch = {s[0] for s in shapes.values() if s[0] is not None}
+        if len(batch) > 1:
+            raise ValueError(
+                "`queries`, `keys` and `values` must have the same batch size. Received shapes: "
+                + ", ".join(f"{n}={_shape_str(s)}" for n, s in shapes.items())
+            )
+        if None not in (keys.shape[1], values.shape[1]) and keys.shape[1] != values.shape[1]:
+            raise ValueError(
+                "`keys` and `values` must have the same length T_k. Received shapes: "
+                f"keys={_shape_str(keys.shape)}, values={_shape_str(values.shape)}"
+            )
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return keras_mask_of(inputs)  # the output is per query: it keeps the queries' padding
+
+    def compute_output_shape(self, queries_shape, keys_shape=None, values_shape=None):
+        return tuple(queries_shape[:-1]) + (self.d_model,)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "h": self.h,
+            "d_k": self.d_k,
+            "d_v": self.d_v,
+            "d_model": self.d_model,
+            "dropout": self.dropout,
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "seed": self.seed,
+        }
+

@@ -1,0 +1,25 @@
+"""Pure attention functions and masks on `keras.ops`."""
+
+from attnkit.ops.attention import fused_attention, masked_softmax, scaled_dot_product_attention
+from attnkit.ops.masks import (
+    MaskDtypeError,
+    broadcast_mask,
+    causal_mask,
+    combine_masks,
+    from_hide_mask,
+    from_key_padding_mask,
+    padding_mask,
+)
+
+__all__ = [
+    "MaskDtypeError",
+    "broadcast_mask",
+    "causal_mask",
+    "combine_masks",
+    "from_hide_mask",
+    "from_key_padding_mask",
+    "fused_attention",
+    "masked_softmax",
+    "padding_mask",
+    "scaled_dot_product_attention",
+]

@@ -1,0 +1,66 @@
+"""The one backend-specific module: fused attention kernels (DESIGN.md decisions 1 and 7).
+
+`attention` returns None when the backend has no kernel for the case, and the caller falls back to
+the explicit `keras.ops` path, which gives the same numbers.
+
+Legend: B batch, h heads, T_q/T_k lengths, d_k/d_v widths.
+"""
+
+import keras
+from keras import ops
+
+
+def attention(queries, keys, values, keep, causal, scale):
+    """Fused softmax(scale * Q K^T, masked) V.
+
+    Args:
+        queries, keys, values: (..., T_q, d_k), (..., T_k, d_k), (..., T_k, d_v).
+        keep: None or a boolean keep-mask already broadcastable to (..., T_q, T_k).
+        causal: True only when T_q == T_k and `keep` is None (then the kernels' top-left alignment
+            agrees with attnkit's bottom-right one).
+        scale: float.
+
+    Returns:
+        (..., T_q, d_v), or None when no fused kernel applies.
+    """
+    backend = keras.backend.backend()
+    if backend == "torch":
+        return _torch(queries, keys, values, keep, causal, scale)
+    if backend == "jax":
+        return _jax(queries, keys, values, keep, causal, scale)
+    return None
+
+
+def _torch(queries, keys, values, keep, causal, scale):
+    import torch.nn.functional as F
+
+    # torch's kernels already give zero output (and zero gradients) on rows with nothing to attend to.
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=keep, is_causal=causal, scale=scale)
+
+
+def _jax(queries, keys, values, keep, causal, scale):
+    import jax
+
+    # jax's kernel takes exactly (B, T, h, d), one width for keys and values, and float32 or half.
+    if (
+        len(queries.shape) != 4
+        or queries.shape[-1] != values.shape[-1]
+        or keras.backend.standardize_dtype(queries.dtype) not in ("float32", "float16", "bfloat16")
+    ):
+        return None
+    empty_rows = None
+    if keep is not None:
+        # jax fills masked scores with a large negative number, so a row with no key left would be
+        # uniform: let such rows see everything, then zero their output.
+        has_key = ops.any(keep, axis=-1, keepdims=True)  # (B|1, h|1, T_q|1, 1)
+        keep = ops.logical_or(keep, ops.logical_not(has_key))
+        empty_rows = has_key
+    # jax wants (B, T, h, d); attnkit's layout is (B, h, T, d).
+    out = jax.nn.dot_product_attention(
+        ops.swapaxes(queries, 1, 2), ops.swapaxes(keys, 1, 2), ops.swapaxes(values, 1, 2),
+        mask=keep, scale=scale, is_causal=causal,
+    )
+    out = ops.swapaxes(out, 1, 2)  # (B, h, T_q, d_v)
+    if empty_rows is not None:
+        out = ops.where(empty_rows, out, ops.zeros((), out.dtype))
+    return out

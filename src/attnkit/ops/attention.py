@@ -1,0 +1,182 @@
+"""Scaled dot-product attention (Vaswani et al. 2017, section 3.2.1), explicit and fused.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+
+Legend: `...` any leading dims (batch, heads), T_q query length, T_k key/value length,
+d_k query/key width, d_v value width.
+
+Two paths give the same numbers (tested):
+- `scaled_dot_product_attention` is explicit (matmul, softmax, matmul) and returns the weights too.
+- `fused_attention` returns the output only and, when attention dropout is inactive, runs the
+  backend's fused kernel (`_fused.py`), whose memory does not grow as T_q * T_k.
+
+Rows with nothing to attend to give zero output and zero weights (DESIGN.md decision 5). The softmax
+runs in float32 when the inputs are float16/bfloat16, and masked scores are filled with the smallest
+finite value of that dtype, never a literal that overflows (decision 6).
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from attnkit._validation import positive_float, rate
+from attnkit.ops import _fused
+from attnkit.ops.masks import _shape_str, broadcast_mask
+
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def check_qkv(queries, keys, values):
+    """Raises a clear ValueError unless q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v) agree."""
+    q, k, v = (tuple(x.shape) for x in (queries, keys, values))
+    for name, shape in (("queries", q), ("keys", k), ("values", v)):
+        if len(shape) < 3:
+            raise ValueError(
+                f"`{name}` must have rank >= 3, (batch, ..., length, features). "
+                f"Received: {name}.shape={_shape_str(shape)}"
+            )
+    if not (len(q) == len(k) == len(v)):
+        raise ValueError(
+            "`queries`, `keys` and `values` must have the same rank. Received shapes: "
+            f"queries={_shape_str(q)}, keys={_shape_str(k)}, values={_shape_str(v)}"
+        )
+    for a, b, c in zip(q[:-2], k[:-2], v[:-2]):
+        if len({d for d in (a, b, c) if d is not None}) > 1:
+            raise ValueError(
+                "`queries`, `keys` and `values` must have the same batch dimensions. Received "
+                f"shapes: queries={_shape_str(q)}, keys={_shape_str(k)}, values={_shape_str(v)}"
+            )
+    if None not in (k[-2], v[-2]) and k[-2] != v[-2]:
+        raise ValueError(
+            "`keys` and `values` must have the same length T_k. Received shapes: "
+            f"keys={_shape_str(k)}, values={_shape_str(v)}"
+        )
+    if None not in (q[-1], k[-1]) and q[-1] != k[-1]:
+        raise ValueError(
+            "`queries` and `keys` must have the same width d_k. Received shapes: "
+            f"queries={_shape_str(q)}, keys={_shape_str(k)}"
+        )
+
+
+def default_scale(queries, scale):
+    """`scale` validated, or 1/sqrt(d_k) from the queries' last dimension."""
+    if scale is None:
+        return 1.0 / math.sqrt(queries.shape[-1])
+    return positive_float("scale", scale)
+
+
+def causal_keep(q_len, k_len):
+    """Bottom-right aligned look-ahead mask (T_q, T_k) from possibly dynamic lengths."""
+    rows = ops.expand_dims(ops.arange(q_len), 1) + (k_len - q_len)  # (T_q, 1)
+    return ops.expand_dims(ops.arange(k_len), 0) <= rows  # (T_q, T_k)
+
+
+def keep_mask(mask, causal, scores_shape, dynamic_lengths):
+    """The combined keep-mask broadcastable to the scores, or None when everything is kept."""
+    keep = None if mask is None else broadcast_mask(mask, scores_shape)
+    if causal:
+        look_ahead = causal_keep(*dynamic_lengths)
+        keep = look_ahead if keep is None else ops.logical_and(keep, look_ahead)
+    return keep
+
+
+def masked_softmax(scores, keep=None):
+    """Softmax over the last axis where `keep` is True; rows with nothing kept are all zeros.
+
+    Args:
+        scores: (..., T_q, T_k) logits.
+        keep: None or a boolean mask broadcastable to `scores`.
+
+    Returns:
+        Weights of the dtype of `scores`, computed in float32 when `scores` is float16/bfloat16.
+    """
+    dtype = keras.backend.standardize_dtype(scores.dtype)
+    softmax_dtype = "float32" if dtype in HALF_DTYPES else dtype
+    scores = ops.cast(scores, softmax_dtype)
+    if keep is not None:
+        scores = ops.where(keep, scores, ops.cast(float(np.finfo(softmax_dtype).min), softmax_dtype))
+    weights = ops.softmax(scores, axis=-1)
+    if keep is not None:
+        # Exact zeros where masked; a row with no key left is all zeros instead of uniform.
+        weights = ops.where(keep, weights, ops.zeros((), softmax_dtype))
+    return ops.cast(weights, dtype)
+
+
+def scaled_dot_product_attention(
+    queries, keys, values, mask=None, *, causal=False, scale=None, dropout=0.0, training=False, seed=None
+):
+    """Scaled dot-product attention, explicit path: returns the output and the weights.
+
+    Args:
+        queries: (..., T_q, d_k).
+        keys: (..., T_k, d_k).
+        values: (..., T_k, d_v).
+        mask: optional keep-mask, True = may attend (see `attnkit.ops.masks` for the shapes).
+        causal: also apply the bottom-right look-ahead mask. Default False.
+        scale: multiplies the scores; default 1/sqrt(d_k). Must be finite and > 0.
+        dropout: dropout rate on the weights, in [0, 1), active only when `training`.
+        training: whether dropout is active.
+        seed: int or `keras.random.SeedGenerator` for the dropout.
+
+    Returns:
+        (output, weights): output (..., T_q, d_v) and weights (..., T_q, T_k), the softmax
+        probabilities before dropout. Rows with nothing to attend to are zero in both.
+
+    Raises:
+        ValueError: ranks below 3, mismatched shapes, a mask that does not broadcast, a bad scale
+            or dropout rate.
+        TypeError: a float mask.
+
+    Example:
+    >>> q = k = v = keras.random.normal((2, 5, 8))
+    >>> out, w = scaled_dot_product_attention(q, k, v, causal=True)  # (2, 5, 8), (2, 5, 5)
+    """
+    queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
+    check_qkv(queries, keys, values)
+    scale = default_scale(queries, scale)
+    dropout = rate("dropout", dropout)
+    return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)
+
+
+def fused_attention(
+    queries, keys, values, mask=None, *, causal=False, scale=None, dropout=0.0, training=False, seed=None
+):
+    """Scaled dot-product attention, output only: the backend's fused kernel when dropout is inactive.
+
+    Same arguments and numbers as `scaled_dot_product_attention`; returns the output (..., T_q, d_v).
+    On torch this is `torch.nn.functional.scaled_dot_product_attention` (its CPU flash kernel), on
+    jax `jax.nn.dot_product_attention`, on tensorflow the explicit path.
+    """
+    queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
+    check_qkv(queries, keys, values)
+    scale = default_scale(queries, scale)
+    dropout = rate("dropout", dropout)
+    if dropout > 0 and training:
+        return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)[0]
+    scores_shape = (*queries.shape[:-1], keys.shape[-2])
+    lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
+    q_len, k_len = queries.shape[-2], keys.shape[-2]
+    if causal and mask is None and q_len is not None and q_len == k_len:
+        # Square causal alone: the kernels' own flag is the same mask and needs no (T, T) tensor.
+        keep, fused_causal = None, True
+    else:
+        keep, fused_causal = keep_mask(mask, causal, scores_shape, lengths), False
+    output = _fused.attention(queries, keys, values, keep, fused_causal, scale)
+    if output is None:
+        return _explicit(queries, keys, values, mask, causal, scale, 0.0, False, None)[0]
+    return output
+
+
+def _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed):
+    dtype = keras.backend.standardize_dtype(queries.dtype)
+    # Scale the queries, not the scores: fewer multiplications and no overflow risk in float16.
+    scores = ops.matmul(queries * ops.cast(scale, dtype), ops.swapaxes(keys, -1, -2))  # (..., T_q, T_k)
+    lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
+    keep = keep_mask(mask, causal, tuple(scores.shape), lengths)
+    weights = masked_softmax(scores, keep)
+    attended = weights
+    if training and dropout > 0:
+        attended = keras.random.dropout(weights, dropout, seed=seed)
+    return ops.matmul(attended, values), weights  # (..., T_q, d_v), (..., T_q, T_k)

@@ -1,0 +1,40 @@
+"""Backend-neutral helpers for the tests: NumPy conversion and gradients on torch, jax and tensorflow."""
+
+import keras
+import numpy as np
+from keras import ops
+
+BACKEND = keras.backend.backend()
+
+
+def to_numpy(x):
+    if BACKEND == "torch" and hasattr(x, "detach"):
+        x = x.detach()
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def value_and_grads(fn, *inputs):
+    """Returns (fn(*inputs) as NumPy, [d sum(fn) / d input] as NumPy) on the current backend."""
+    if BACKEND == "torch":
+        import torch
+
+        xs = [ops.convert_to_tensor(x).detach().requires_grad_(True) for x in inputs]
+        out = fn(*xs)
+        grads = torch.autograd.grad(out.float().sum(), xs)
+        return to_numpy(out), [to_numpy(g) for g in grads]
+    if BACKEND == "jax":
+        import jax
+
+        xs = [ops.convert_to_tensor(x) for x in inputs]
+        out = fn(*xs)
+        grads = jax.grad(lambda *a: fn(*a).astype("float32").sum(), argnums=tuple(range(len(xs))))(*xs)
+        return to_numpy(out), [to_numpy(g) for g in grads]
+    import tensorflow as tf
+
+    xs = [tf.convert_to_tensor(x) for x in inputs]
+    with tf.GradientTape() as tape:
+        tape.watch(xs)
+        out = fn(*xs)
+        total = tf.reduce_sum(tf.cast(out, "float32"))
+    grads = tape.gradient(total, xs)
+    return to_numpy(out), [to_numpy(g) for g in grads]

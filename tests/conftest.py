@@ -1,0 +1,28 @@
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests import reference.py and backend_utils.py
+
+import attnkit  # noqa: E402,F401  (chooses the Keras backend first)
+import keras  # noqa: E402
+
+
+def pytest_report_header(config):
+    return f"keras backend: {keras.backend.backend()}"
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy_and_seed():
+    """Every test starts under float32 with fixed seeds, whatever the previous test set."""
+    keras.config.set_dtype_policy("float32")
+    keras.utils.set_random_seed(0)
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
