@@ -1,0 +1,23 @@
+"""Timing helpers for the benchmarks: medians of repeated runs, and a Markdown table."""
+
+import statistics
+import time
+
+
+def median_seconds(fn, *, warmup=3, repeats=15, min_time=0.0):
+    """Median wall time of `fn()` over `repeats` runs after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def markdown_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
