@@ -14,7 +14,7 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 install: $(PY)
-	$(INSTALL) -e ".[torch]"
+	$(INSTALL) -e ".[torch,pretrained,viz]"
 
 install-dev: $(PY)
 	$(INSTALL) -e ".[torch,jax,tensorflow,dev]"
