@@ -1,0 +1,122 @@
+"""Date normalisation as translation: many surface forms of a date -> ISO 8601 "YYYY-MM-DD".
+
+    "the 3rd of march 2021", "3/3/21", "March 3, 2021", "03.03.2021"  ->  "2021-03-03"
+
+Everything is generated deterministically from a seed: no download. Years run 1950-2049, so a
+two-digit year is unambiguous (50-99 -> 19xx, 00-49 -> 20xx). Slashed dates are month first (US).
+
+`CharTokenizer` maps characters to ids with 0 = padding, 1 = start, 2 = end, 3 = unknown; one
+vocabulary serves inputs and outputs, so the embeddings can be shared.
+"""
+
+import datetime
+
+import numpy as np
+
+MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
+          "october", "november", "december")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+FIRST_DAY, LAST_DAY = datetime.date(1950, 1, 1), datetime.date(2049, 12, 31)
+
+
+def ordinal(n):
+    """1 -> "1st", 2 -> "2nd", 11 -> "11th", 23 -> "23rd"."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+# Each format turns a date into one surface form; the order is part of the generated data.
+FORMATS = (
+    lambda d: f"the {ordinal(d.day)} of {MONTHS[d.month - 1]} {d.year}",
+    lambda d: f"{d.month}/{d.day}/{d.year % 100:02d}",
+    lambda d: f"{MONTHS[d.month - 1].capitalize()} {d.day}, {d.year}",
+    lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",
+    lambda d: f"{d.day} {MONTHS[d.month - 1][:3]} {d.year}",
+    lambda d: f"{WEEKDAYS[d.weekday()]}, {MONTHS[d.month - 1]} {ordinal(d.day)}, {d.year}",
+    lambda d: f"{d.day:02d}-{MONTHS[d.month - 1][:3].upper()}-{d.year % 100:02d}",
+    lambda d: f"{d.year}/{d.month}/{d.day}",
+    lambda d: f"{MONTHS[d.month - 1][:3]}. {ordinal(d.day)} '{d.year % 100:02d}",
+)
+
+
+def iso(date):
+    return date.isoformat()
+
+
+def random_dates(n, rng):
+    """`n` dates drawn uniformly from 1950-01-01 .. 2049-12-31."""
+    span = (LAST_DAY - FIRST_DAY).days + 1
+    return [FIRST_DAY + datetime.timedelta(days=int(x)) for x in rng.integers(0, span, size=n)]
+
+
+def generate(n, seed=0):
+    """`n` (source, target) string pairs, a random date in a random format each; deterministic."""
+    rng = np.random.default_rng(seed)
+    dates = random_dates(n, rng)
+    formats = rng.integers(0, len(FORMATS), size=n)
+    return [(FORMATS[f](d), iso(d)) for d, f in zip(dates, formats)]
+
+
+def train_validation_split(n_train, n_validation, seed=0):
+    """Two disjoint lists of (source, target) pairs: no source string of validation is in training."""
+    pairs = generate(n_train + n_validation + n_validation // 2 + 16, seed)
+    train, validation, seen = [], [], set()
+    for source, target in pairs:
+        if len(train) < n_train:
+            train.append((source, target))
+            seen.add(source)
+        elif source not in seen and len(validation) < n_validation:
+            validation.append((source, target))
+    return train, validation
+
+
+class CharTokenizer:
+    """Characters <-> ids. 0 = padding, 1 = start, 2 = end, 3 = unknown, then the alphabet.
+
+    Args:
+        alphabet: the characters, in id order; default every character the date formats use.
+    """
+
+    PAD, START, END, UNKNOWN = 0, 1, 2, 3
+    SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+
+    def __init__(self, alphabet=None):
+        if alphabet is None:
+            alphabet = sorted(set("".join(s + t for s, t in generate(4000, seed=12345))) | set("0123456789-"))
+        self.alphabet = "".join(alphabet)
+        self.ids = {c: i + len(self.SPECIALS) for i, c in enumerate(self.alphabet)}
+
+    @property
+    def vocab_size(self):
+        return len(self.SPECIALS) + len(self.alphabet)
+
+    def encode(self, text, length, *, start=False, end=False):
+        """`text` as ids, padded with 0 to `length` (int32 array (length,)); too long -> ValueError."""
+        ids = ([self.START] if start else []) + [self.ids.get(c, self.UNKNOWN) for c in text]
+        ids += [self.END] if end else []
+        if len(ids) > length:
+            raise ValueError(f"`text` is {len(ids)} tokens long, more than length={length}. Received: text={text!r}")
+        return np.array(ids + [self.PAD] * (length - len(ids)), dtype=np.int32)
+
+    def encode_batch(self, texts, length, *, start=False, end=False):
+        """(N, length) int32 ids."""
+        return np.stack([self.encode(t, length, start=start, end=end) for t in texts])
+
+    def decode(self, ids):
+        """Ids -> text, stopping at the end token and skipping padding and the start token."""
+        chars = []
+        for i in np.asarray(ids).tolist():
+            if i == self.END:
+                break
+            if i >= len(self.SPECIALS):
+                chars.append(self.alphabet[i - len(self.SPECIALS)])
+            elif i == self.UNKNOWN:
+                chars.append("?")
+        return "".join(chars)
+
+    def tokens(self, text):
+        """The display tokens of `text` (one per character), for attention plots."""
+        return list(text)
+
+    def get_config(self):
+        return {"alphabet": self.alphabet}
