@@ -107,10 +107,40 @@ class MultiHeadAttention(keras.layers.Layer):
             key_padding = broadcast_mask(ops.expand_dims(key_padding, 1), scores_shape)  # (B, 1, 1, T_k)
             mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
 
-        # 1. project, and split the heads: (B, T, h * d) -> (B, h, T, d)
+        k, v = self.project_keys_values(keys, values)
+        return self.attend_projected(
+            queries, k, v, mask, causal=causal, return_attention_weights=return_attention_weights, training=training
+        )
+
+    def project_keys_values(self, keys, values):
+        """Step 1 for keys and values: W_k, W_v and the split into heads.
+
+        Cached decoding keeps these (B, h, T_k, d_k) / (B, h, T_k, d_v) projections instead of
+        recomputing them every step.
+
+        Args:
+            keys: (B, T_k, d_kin). values: (B, T_k, d_vin).
+
+        Returns:
+            (k, v): (B, h, T_k, d_k) and (B, h, T_k, d_v).
+        """
+        return self._split_heads(self.W_k(keys), self.d_k), self._split_heads(self.W_v(values), self.d_v)
+
+    def attend_projected(
+        self, queries, k, v, mask=None, *, causal=False, return_attention_weights=False, training=None
+    ):
+        """Steps 1 (queries only) to 4, with keys and values already projected by `project_keys_values`.
+
+        Args:
+            queries: (B, T_q, d_q).
+            k, v: (B, h, T_k, d_k), (B, h, T_k, d_v).
+            mask, causal, return_attention_weights, training: as in `call`.
+
+        Returns:
+            output (B, T_q, d_model), and weights (B, h, T_q, T_k) when `return_attention_weights`.
+        """
+        # 1. project the queries, and split the heads: (B, T_q, h * d_k) -> (B, h, T_q, d_k)
         q = self._split_heads(self.W_q(queries), self.d_k)
-        k = self._split_heads(self.W_k(keys), self.d_k)
-        v = self._split_heads(self.W_v(values), self.d_v)
         # 2. attend in every head at once
         options = dict(causal=causal, dropout=self.dropout, training=bool(training), seed=self.seed_generator)
         if return_attention_weights:
