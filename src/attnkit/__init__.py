@@ -5,6 +5,14 @@ Runs on PyTorch (default), JAX and TensorFlow. Masks: True = may attend (see `at
 
 from attnkit import _backend  # noqa: F401  (must run before Keras is imported)
 from attnkit.layers import AdditiveAttention, DotProductAttention, MultiHeadAttention
+from attnkit.layers import (
+    AddNormalization,
+    Encoder,
+    EncoderLayer,
+    FeedForward,
+    PositionEmbeddingFixedWeights,
+    SinusoidalPositionEncoding,
+)
 from attnkit.ops import (
     MaskDtypeError,
     causal_mask,
@@ -15,14 +23,21 @@ from attnkit.ops import (
     padding_mask,
     scaled_dot_product_attention,
 )
+from attnkit.ops.position_encoding import sinusoidal_position_encoding
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AddNormalization",
     "AdditiveAttention",
     "DotProductAttention",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
     "MaskDtypeError",
     "MultiHeadAttention",
+    "PositionEmbeddingFixedWeights",
+    "SinusoidalPositionEncoding",
     "causal_mask",
     "combine_masks",
     "from_hide_mask",
@@ -30,4 +45,5 @@ __all__ = [
     "fused_attention",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sinusoidal_position_encoding",
 ]

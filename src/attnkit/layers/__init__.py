@@ -1,7 +1,23 @@
 """Keras layers, one public class per file."""
 
+from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.additive_attention import AdditiveAttention
 from attnkit.layers.dot_product_attention import DotProductAttention
+from attnkit.layers.encoder import Encoder
+from attnkit.layers.encoder_layer import EncoderLayer
+from attnkit.layers.feed_forward import FeedForward
 from attnkit.layers.multi_head_attention import MultiHeadAttention
+from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
+from attnkit.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
-__all__ = ["AdditiveAttention", "DotProductAttention", "MultiHeadAttention"]
+__all__ = [
+    "AddNormalization",
+    "AdditiveAttention",
+    "DotProductAttention",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "MultiHeadAttention",
+    "PositionEmbeddingFixedWeights",
+    "SinusoidalPositionEncoding",
+]

@@ -1,0 +1,165 @@
+"""`EncoderLayer`: one layer of the Transformer encoder (paper section 3.1; seed 002).
+
+    post-LN (the paper, default):  x = LayerNorm(x + Dropout(MultiHead(x, x, x)))
+                                   x = LayerNorm(x + Dropout(FFN(x)))
+    pre-LN (norm_first=True):      x = x + Dropout(MultiHead(LN(x), LN(x), LN(x)))
+                                   x = x + Dropout(FFN(LN(x)))
+
+Legend: B batch, T sequence length, h heads, d_k/d_v per-head widths, d_model model width, d_ff inner
+width of the feed-forward network.
+"""
+
+import keras
+from keras import ops
+
+from attnkit._validation import boolean, positive_float, positive_int
+from attnkit._validation import rate as dropout_rate
+from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers.add_normalization import AddNormalization
+from attnkit.layers.feed_forward import FeedForward, check_activation
+from attnkit.layers.multi_head_attention import MultiHeadAttention
+from attnkit.ops.masks import _shape_str, as_bool_mask
+
+
+def key_padding(x, padding_mask):
+    """The (B, 1, T) attention mask from a (B, T) keep-mask, or from the Keras mask of `x`; or None."""
+    if padding_mask is None:
+        padding_mask = keras_mask_of(x)
+        if padding_mask is None:
+            return None
+    padding_mask = as_bool_mask(padding_mask, "padding_mask")
+    expected = tuple(x.shape[:2])
+    shape = tuple(padding_mask.shape)
+    if len(shape) != 2 or any(a is not None and b is not None and a != b for a, b in zip(shape, expected)):
+        raise ValueError(
+            f"`padding_mask` must have shape (batch, length) = {_shape_str(expected)}, True at real "
+            f"tokens. Received: padding_mask.shape={_shape_str(shape)}"
+        )
+    # (B, T) -> (B, 1, T): every query sees the same keys. A 2-D mask would be ambiguous when B == T.
+    return ops.expand_dims(padding_mask, 1)
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class EncoderLayer(keras.layers.Layer):
+    """Self-attention then a feed-forward network, each with dropout, a residual and a layer norm.
+
+    Dropout is applied to each sub-layer's output before the residual addition (paper section
+    5.4), only when `training` is true. The attention weights themselves get no dropout.
+
+    Args:
+        h: number of attention heads.
+        d_k: per-head width of queries and keys (d_model / h in the paper).
+        d_v: per-head width of values.
+        d_model: width of the input and output.
+        d_ff: inner width of the feed-forward network.
+        rate: dropout rate in [0, 1).
+        norm_first: False (default) for post-LN as in the paper; True for pre-LN, which trains more
+            stably in deep stacks (then end the stack with a layer norm, as `Encoder` does).
+        activation: "relu" (default) or "gelu" (exact) in the feed-forward network.
+        epsilon: layer norm epsilon. Default 1e-6.
+        **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
+
+    Call arguments:
+        x: (B, T, d_model).
+        padding_mask: optional keep-mask (B, T), True (or nonzero) at real tokens, False at padding;
+            padding is never attended to. Default: the Keras mask carried by `x` (e.g. from
+            `Embedding(mask_zero=True)`), if any.
+        training: whether dropout is active.
+        return_attention_weights: keyword-only; also return the attention weights. Default False.
+
+    Returns:
+        (B, T, d_model), and the weights (B, h, T, T) when `return_attention_weights`.
+
+    Raises:
+        ValueError: bad sizes or rate, an unknown activation; an input whose width is not d_model; a
+            padding mask not of shape (B, T).
+        TypeError: non-integer sizes, a float padding mask.
+
+    Example:
+    >>> layer = EncoderLayer(h=8, d_k=64, d_v=64, d_model=512, d_ff=2048, rate=0.1)
+    >>> x = keras.random.normal((64, 5, 512))
+    >>> out, weights = layer(x, return_attention_weights=True)  # (64, 5, 512), (64, 8, 5, 5)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, sections 3.1 and 5.4; Xiong et al., "On
+        Layer Normalization in the Transformer Architecture", 2020 (pre-LN).
+    """
+
+    def __init__(
+        self, h, d_k, d_v, d_model, d_ff, rate, *, norm_first=False, activation="relu", epsilon=1e-6, **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.h = positive_int("h", h)
+        self.d_k = positive_int("d_k", d_k)
+        self.d_v = positive_int("d_v", d_v)
+        self.d_model = positive_int("d_model", d_model)
+        self.d_ff = positive_int("d_ff", d_ff)
+        self.rate = dropout_rate("rate", rate)
+        self.norm_first = bool(boolean("norm_first", norm_first))
+        self.activation = check_activation(activation)
+        self.epsilon = positive_float("epsilon", epsilon)
+        self.supports_masking = True
+        policy = self.dtype_policy
+        self.multihead_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="multihead_attention", dtype=policy)
+        self.dropout1 = keras.layers.Dropout(self.rate, name="dropout1", dtype=policy)
+        self.feed_forward = FeedForward(d_ff, d_model, activation=activation, name="feed_forward", dtype=policy)
+        self.dropout2 = keras.layers.Dropout(self.rate, name="dropout2", dtype=policy)
+        if self.norm_first:
+            norm = dict(epsilon=self.epsilon, dtype=policy)
+            self.norm1 = keras.layers.LayerNormalization(name="norm1", **norm)
+            self.norm2 = keras.layers.LayerNormalization(name="norm2", **norm)
+        else:
+            self.add_norm1 = AddNormalization(epsilon=self.epsilon, name="add_norm1", dtype=policy)
+            self.add_norm2 = AddNormalization(epsilon=self.epsilon, name="add_norm2", dtype=policy)
+
+    def build(self, x_shape, padding_mask_shape=None):
+        x_shape = tuple(x_shape)
+        self.multihead_attention.build(x_shape)
+        self.feed_forward.build(x_shape)
+        for norm in (self.norm1, self.norm2) if self.norm_first else (self.add_norm1, self.add_norm2):
+            norm.build(x_shape)
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 3 and "training" not in kwargs:
+            # The seeds pass `training` positionally; Keras resolves it only as a keyword.
+            *args, kwargs["training"] = args
+        return super().__call__(*args, **kwargs)
+
+    def call(self, x, padding_mask=None, training=None, *, return_attention_weights=False):
+        if len(x.shape) != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"`x` must have shape (batch, length, d_model={self.d_model}). Received: x.shape={_shape_str(x.shape)}"
+            )
+        mask = key_padding(x, padding_mask)  # (B, 1, T) or None
+        if self.norm_first:
+            attended, weights = self._attend(self.norm1(x), mask, training, return_attention_weights)  # (B, T, d_model)
+            x = x + self.dropout1(attended, training=training)
+            x = x + self.dropout2(self.feed_forward(self.norm2(x)), training=training)  # (B, T, d_model)
+        else:
+            attended, weights = self._attend(x, mask, training, return_attention_weights)  # (B, T, d_model)
+            x = self.add_norm1(x, self.dropout1(attended, training=training))
+            x = self.add_norm2(x, self.dropout2(self.feed_forward(x), training=training))  # (B, T, d_model)
+        return (x, weights) if return_attention_weights else x
+
+    def _attend(self, x, mask, training, with_weights):
+        # Asking for the weights forces the explicit path; without them MHA may use the fused kernel.
+        if with_weights:
+            return self.multihead_attention(x, mask=mask, training=training, return_attention_weights=True)
+        return self.multihead_attention(x, mask=mask, training=training), None
+
+    def compute_output_shape(self, x_shape, padding_mask_shape=None):
+        return tuple(x_shape)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "h": self.h,
+            "d_k": self.d_k,
+            "d_v": self.d_v,
+            "d_model": self.d_model,
+            "d_ff": self.d_ff,
+            "rate": self.rate,
+            "norm_first": self.norm_first,
+            "activation": self.activation,
+            "epsilon": self.epsilon,
+        }

@@ -1,0 +1,133 @@
+"""`PositionEmbeddingFixedWeights`: token embeddings plus position encodings (paper section 3.4, 3.5).
+
+    x = Embedding(token) * sqrt(d_model) + PE(position)
+
+Legend: B batch, T sequence length, d_model embedding width.
+"""
+
+import math
+import numbers
+
+import keras
+from keras import ops
+
+from attnkit._validation import boolean, positive_int
+from attnkit.layers._token_ids import check_token_ids
+from attnkit.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
+
+POSITION_KINDS = ("sinusoidal", "learned")
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class PositionEmbeddingFixedWeights(keras.layers.Layer):
+    """Embeds token ids and adds their positions: the input stage of the Transformer encoder.
+
+    The token embedding is learned and, as in the paper (section 3.4), multiplied by sqrt(d_model) so
+    that it is not drowned by the position encoding. Positions are the paper's fixed sinusoids by
+    default (the "fixed weights" of the name); `position="learned"` learns one vector per position
+    instead, as BERT-family models do (they also skip the scaling: `scale_embeddings=False`).
+
+    The layer produces the padding mask of what follows: its output carries a Keras mask (B, T),
+    True at real tokens and False where the id is `pad_id`, as `Embedding(mask_zero=True)` does.
+
+    Args:
+        sequence_length: the longest sequence of token ids the layer accepts.
+        vocab_size: number of token ids; ids must be in [0, vocab_size).
+        d_model: width of the embeddings.
+        position: "sinusoidal" (default, fixed) or "learned".
+        pad_id: id of the padding token, masked out in the Keras mask; None for no mask. Default 0.
+        scale_embeddings: multiply the token embeddings by sqrt(d_model). Default True.
+        embeddings_initializer: initializer of the embedding tables. Default "uniform".
+        **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
+
+    Call arguments:
+        inputs: token ids (B, T), T <= sequence_length. Integer dtype; floats holding whole numbers
+            are accepted and cast.
+
+    Returns:
+        (B, T, d_model) embeddings, carrying a (B, T) Keras mask when `pad_id` is not None.
+
+    Raises:
+        ValueError: non-positive sizes, an unknown `position`, a `pad_id` outside the vocabulary;
+            token ids that are not rank 2, longer than sequence_length, negative, >= vocab_size or
+            fractional (values are checked when they are concrete, i.e. not inside a traced function).
+        TypeError: non-integer sizes, token ids that are neither integers nor floats.
+
+    Example:
+    >>> layer = PositionEmbeddingFixedWeights(sequence_length=5, vocab_size=20, d_model=512)
+    >>> ids = keras.ops.convert_to_tensor([[3, 7, 1, 0, 0]])
+    >>> layer(ids).shape  # (1, 5, 512)
+    >>> layer.compute_mask(ids)  # [[True, True, True, False, False]]
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, sections 3.4 and 3.5.
+    """
+
+    def __init__(
+        self, sequence_length, vocab_size, d_model, *, position="sinusoidal", pad_id=0,
+        scale_embeddings=True, embeddings_initializer="uniform", **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.sequence_length = positive_int("sequence_length", sequence_length)
+        self.vocab_size = positive_int("vocab_size", vocab_size)
+        self.d_model = positive_int("d_model", d_model)
+        if position not in POSITION_KINDS:
+            raise ValueError(f"`position` must be one of {POSITION_KINDS}. Received: position={position!r}")
+        self.position = position
+        if pad_id is not None and (
+            isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral) or not 0 <= pad_id < self.vocab_size
+        ):
+            raise ValueError(
+                f"`pad_id` must be None or an integer in [0, vocab_size={self.vocab_size}). Received: pad_id={pad_id!r}"
+            )
+        self.pad_id = None if pad_id is None else int(pad_id)
+        self.scale_embeddings = bool(boolean("scale_embeddings", scale_embeddings))
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.supports_masking = True
+        embedding = dict(embeddings_initializer=self.embeddings_initializer, dtype=self.dtype_policy)
+        self.token_embedding = keras.layers.Embedding(self.vocab_size, self.d_model, name="token_embedding", **embedding)
+        if self.position == "learned":
+            self.position_embedding = keras.layers.Embedding(
+                self.sequence_length, self.d_model, name="position_embedding", **embedding
+            )
+        else:
+            self.position_encoding = SinusoidalPositionEncoding(
+                self.sequence_length, self.d_model, name="position_encoding", dtype=self.dtype_policy
+            )
+
+    def build(self, inputs_shape):
+        self.token_embedding.build(inputs_shape)
+        if self.position == "learned":
+            self.position_embedding.build((self.sequence_length,))
+
+    def call(self, inputs):
+        ids = check_token_ids(inputs, self.vocab_size, self.sequence_length, "inputs")  # (B, T)
+        tokens = self.token_embedding(ids)  # (B, T, d_model)
+        if self.scale_embeddings:
+            # Section 3.4: the paper multiplies the embedding weights by sqrt(d_model).
+            tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
+        if self.position == "learned":
+            positions = self.position_embedding(ops.arange(ops.shape(ids)[1]))  # (T, d_model)
+            return tokens + positions[None]  # (B, T, d_model)
+        return self.position_encoding(tokens)  # (B, T, d_model)
+
+    def compute_mask(self, inputs, previous_mask=None):
+        if self.pad_id is None:
+            return None
+        ids = ops.convert_to_tensor(inputs)
+        return ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype))  # (B, T), True at real tokens
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape) + (self.d_model,)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "sequence_length": self.sequence_length,
+            "vocab_size": self.vocab_size,
+            "d_model": self.d_model,
+            "position": self.position,
+            "pad_id": self.pad_id,
+            "scale_embeddings": self.scale_embeddings,
+            "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+        }
