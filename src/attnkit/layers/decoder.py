@@ -1,0 +1,196 @@
+"""`Decoder`: the Transformer decoder, target embeddings then N decoder layers (section 3.1; seed 001).
+
+    y = Dropout(Embedding(target_ids) * sqrt(d_model) + PE)
+    y = DecoderLayer_n(... DecoderLayer_1(y, encoder_output))     (then LayerNorm(y) when norm_first)
+
+Legend: B batch, T target length, S source length, h heads, d_model, n number of layers (the paper's N).
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from attnkit._validation import boolean, positive_float, positive_int
+from attnkit._validation import rate as dropout_rate
+from attnkit.layers._token_ids import check_token_ids
+from attnkit.layers.decoder_layer import DecoderLayer
+from attnkit.layers.feed_forward import check_activation
+from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class Decoder(keras.layers.Layer):
+    """Embeddings, dropout and a stack of `n` `DecoderLayer`s.
+
+    Args:
+        vocab_size: size of the target vocabulary.
+        sequence_length: longest target sequence.
+        h, d_k, d_v, d_model, d_ff, n, rate: as in `Encoder`.
+        pad_id: the target padding id (default 0); padded target positions are hidden as keys.
+        norm_first, activation, epsilon, position: as in `Encoder`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        output_target: (B, T) target token ids (shifted right: they start with the start token).
+        encoder_output: (B, S, d_model).
+        lookahead_mask: optional (B, T) keep-mask of real target tokens; default from `pad_id`. The
+            causal (look-ahead) part is always applied.
+        padding_mask: optional (B, S) keep-mask of the real source tokens.
+        training: whether dropout is active.
+        return_attention_weights: also return the lists of n self- and n cross-attention weights.
+
+    Returns:
+        (B, T, d_model); with `return_attention_weights`, (output, [n x (B, h, T, T)],
+        [n x (B, h, T, S)]).
+
+    Example:
+    >>> decoder = Decoder(20, 5, h=8, d_k=64, d_v=64, d_model=512, d_ff=2048, n=6, rate=0.1)
+    >>> decoder(target_ids, encoder_output).shape  # (B, 5, 512)
+    """
+
+    def __init__(
+        self, vocab_size, sequence_length, h, d_k, d_v, d_model, d_ff, n, rate, *, pad_id=0, norm_first=False,
+        activation="relu", epsilon=1e-6, position="sinusoidal", **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = positive_int("vocab_size", vocab_size)
+        self.sequence_length = positive_int("sequence_length", sequence_length)
+        self.h = positive_int("h", h)
+        self.d_k = positive_int("d_k", d_k)
+        self.d_v = positive_int("d_v", d_v)
+        self.d_model = positive_int("d_model", d_model)
+        self.d_ff = positive_int("d_ff", d_ff)
+        self.n = positive_int("n", n)
+        self.rate = dropout_rate("rate", rate)
+        self.norm_first = bool(boolean("norm_first", norm_first))
+        self.activation = check_activation(activation)
+        self.epsilon = positive_float("epsilon", epsilon)
+        self.supports_masking = True
+        self._allow_non_tensor_positional_args = True  # the seeds pass masks and `training` positionally
+        policy = self.dtype_policy
+        self.pos_encoding = PositionEmbeddingFixedWeights(
+            sequence_length, vocab_size, d_model, position=position, pad_id=pad_id, name="pos_encoding", dtype=policy
+        )
+        self.pad_id, self.position = self.pos_encoding.pad_id, self.pos_encoding.position
+        self.dropout = keras.layers.Dropout(self.rate, name="dropout", dtype=policy)
+        self.decoder_layers = [
+            DecoderLayer(
+                h, d_k, d_v, d_model, d_ff, rate, norm_first=norm_first, activation=activation, epsilon=epsilon,
+                name=f"decoder_layer_{i}", dtype=policy,
+            )
+            for i in range(self.n)
+        ]
+        self.final_norm = (
+            keras.layers.LayerNormalization(epsilon=self.epsilon, name="final_norm", dtype=policy)
+            if self.norm_first else None
+        )
+
+    def build(self, output_target_shape, encoder_output_shape=None, *args, **kwargs):
+        self.pos_encoding.build(output_target_shape)
+        x_shape = tuple(output_target_shape) + (self.d_model,)  # (B, T, d_model)
+        encoder_output_shape = tuple(encoder_output_shape) if encoder_output_shape else x_shape
+        for layer in self.decoder_layers:
+            layer.build(x_shape, encoder_output_shape)
+        if self.final_norm is not None:
+            self.final_norm.build(x_shape)
+
+    def call(
+        self, output_target, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *,
+        return_attention_weights=False,
+    ):
+        ids = check_token_ids(output_target, self.vocab_size, self.sequence_length, "output_target")  # (B, T)
+        if lookahead_mask is None:
+            lookahead_mask = self.pos_encoding.compute_mask(ids)  # (B, T) or None
+        y = self.dropout(self.pos_encoding(ids), training=training)  # (B, T, d_model)
+        self_weights, cross_weights = [], []
+        for layer in self.decoder_layers:
+            if return_attention_weights:
+                y, s, c = layer(
+                    y, encoder_output, lookahead_mask, padding_mask, training=training, return_attention_weights=True
+                )
+                self_weights.append(s)
+                cross_weights.append(c)
+            else:
+                y = layer(y, encoder_output, lookahead_mask, padding_mask, training=training)  # (B, T, d_model)
+        if self.final_norm is not None:
+            y = self.final_norm(y)
+        return (y, self_weights, cross_weights) if return_attention_weights else y
+
+    def project_encoder_output(self, encoder_output):
+        """Every layer's cross-attention keys and values, computed once per source for decoding."""
+        return [layer.project_encoder_output(encoder_output) for layer in self.decoder_layers]
+
+    def decode_step(self, target_ids, start, caches, cross_keys_values, padding_mask=None, *,
+                    return_attention_weights=False):
+        """Cached decoding: the decoder output at the newest target positions only.
+
+        Args:
+            target_ids: (B, T_new) ids of the newest target positions, at positions start .. start + T_new - 1.
+            start: the position of the first of them (the number of positions already cached).
+            caches: None at the first step, else the list of n (k, v) self-attention caches.
+            cross_keys_values: from `project_encoder_output`.
+            padding_mask: optional (B, S) keep-mask of the real source tokens.
+            return_attention_weights: also return the n cross-attention weights (B, h, T_new, S).
+
+        Returns:
+            (output (B, T_new, d_model), new caches), plus the list of cross weights when asked.
+        """
+        y = self._embed(target_ids, start)  # (B, T_new, d_model)
+        caches = caches or [None] * self.n
+        new_caches, cross_weights = [], []
+        for layer, cache, cross_kv in zip(self.decoder_layers, caches, cross_keys_values):
+            result = layer.decode_step(
+                y, cache, cross_kv, padding_mask, return_attention_weights=return_attention_weights
+            )
+            y, cache = result[0], result[1]
+            new_caches.append(cache)
+            if return_attention_weights:
+                cross_weights.append(result[2])
+        if self.final_norm is not None:
+            y = self.final_norm(y)
+        return (y, new_caches, cross_weights) if return_attention_weights else (y, new_caches)
+
+    def _embed(self, ids, start):
+        """Token embeddings of `ids` (B, T_new) at positions start .. start + T_new - 1."""
+        ids = ops.convert_to_tensor(ids, "int32")
+        length = ids.shape[1]
+        if start + length > self.sequence_length:
+            raise ValueError(
+                f"Decoding past the decoder's sequence_length={self.sequence_length}. "
+                f"Received: start={start} with {length} new positions"
+            )
+        pos = self.pos_encoding
+        tokens = pos.token_embedding(ids)  # (B, T_new, d_model)
+        if pos.scale_embeddings:
+            tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
+        if pos.position == "learned":
+            positions = pos.position_embedding(ops.arange(start, start + length))  # (T_new, d_model)
+        else:
+            positions = ops.slice(pos.position_encoding.table(), (start, 0), (length, self.d_model))
+        return tokens + ops.cast(positions, tokens.dtype)[None]  # (B, T_new, d_model)
+
+    def compute_mask(self, output_target, *args, **kwargs):
+        return self.pos_encoding.compute_mask(output_target)
+
+    def compute_output_shape(self, output_target_shape, *args, **kwargs):
+        return tuple(output_target_shape) + (self.d_model,)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "sequence_length": self.sequence_length,
+            "h": self.h,
+            "d_k": self.d_k,
+            "d_v": self.d_v,
+            "d_model": self.d_model,
+            "d_ff": self.d_ff,
+            "n": self.n,
+            "rate": self.rate,
+            "pad_id": self.pad_id,
+            "norm_first": self.norm_first,
+            "activation": self.activation,
+            "epsilon": self.epsilon,
+            "position": self.position,
+        }

@@ -1,0 +1,211 @@
+"""`DecoderLayer`: one layer of the Transformer decoder (paper section 3.1; seed 001).
+
+    post-LN (the paper, default):  x = LayerNorm(x + Dropout(MaskedSelfAttention(x)))
+                                   x = LayerNorm(x + Dropout(CrossAttention(x, encoder_output)))
+                                   x = LayerNorm(x + Dropout(FFN(x)))
+    pre-LN (norm_first=True):      x = x + Dropout(MaskedSelfAttention(LN(x))), and so on.
+
+The self-attention is always causal (the look-ahead mask): position t sees positions <= t. The
+cross-attention lets every target position look at every real source position.
+
+Legend: B batch, T target length, S source length, h heads, d_k/d_v per-head widths, d_model.
+"""
+
+import keras
+from keras import ops
+
+from attnkit._validation import boolean, positive_float, positive_int
+from attnkit._validation import rate as dropout_rate
+from attnkit.layers.add_normalization import AddNormalization
+from attnkit.layers.encoder_layer import key_padding
+from attnkit.layers.feed_forward import FeedForward, check_activation
+from attnkit.layers.multi_head_attention import MultiHeadAttention
+from attnkit.ops.masks import _shape_str
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class DecoderLayer(keras.layers.Layer):
+    """Masked self-attention, cross-attention over the encoder output, then a feed-forward network.
+
+    Args:
+        h, d_k, d_v, d_model, d_ff, rate: as in `EncoderLayer`.
+        norm_first: False (default) for post-LN as in the paper; True for pre-LN.
+        activation: "relu" (default) or "gelu" in the feed-forward network.
+        epsilon: layer norm epsilon. Default 1e-6.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        x: (B, T, d_model) target embeddings.
+        encoder_output: (B, S, d_model).
+        lookahead_mask: optional (B, T) keep-mask of the real target tokens, combined with the
+            built-in causal mask (the seeds pass the combined "hide" mask here; attnkit always
+            applies the causal part itself).
+        padding_mask: optional (B, S) keep-mask of the real source tokens, for the cross-attention.
+        training: whether dropout is active.
+        return_attention_weights: also return the self- and cross-attention weights.
+
+    Returns:
+        (B, T, d_model); with `return_attention_weights`, (output, self_weights (B, h, T, T),
+        cross_weights (B, h, T, S)).
+
+    Example:
+    >>> layer = DecoderLayer(h=8, d_k=64, d_v=64, d_model=512, d_ff=2048, rate=0.1)
+    >>> layer(keras.random.normal((2, 7, 512)), keras.random.normal((2, 9, 512))).shape  # (2, 7, 512)
+    """
+
+    def __init__(
+        self, h, d_k, d_v, d_model, d_ff, rate, *, norm_first=False, activation="relu", epsilon=1e-6, **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.h = positive_int("h", h)
+        self.d_k = positive_int("d_k", d_k)
+        self.d_v = positive_int("d_v", d_v)
+        self.d_model = positive_int("d_model", d_model)
+        self.d_ff = positive_int("d_ff", d_ff)
+        self.rate = dropout_rate("rate", rate)
+        self.norm_first = bool(boolean("norm_first", norm_first))
+        self.activation = check_activation(activation)
+        self.epsilon = positive_float("epsilon", epsilon)
+        self.supports_masking = True
+        self._allow_non_tensor_positional_args = True  # the seeds pass `training` positionally
+        policy = self.dtype_policy
+        self.self_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="self_attention", dtype=policy)
+        self.cross_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="cross_attention", dtype=policy)
+        self.feed_forward = FeedForward(d_ff, d_model, activation=activation, name="feed_forward", dtype=policy)
+        self.dropouts = [keras.layers.Dropout(self.rate, name=f"dropout{i}", dtype=policy) for i in (1, 2, 3)]
+        if self.norm_first:
+            self.norms = [
+                keras.layers.LayerNormalization(epsilon=self.epsilon, name=f"norm{i}", dtype=policy) for i in (1, 2, 3)
+            ]
+        else:
+            self.norms = [AddNormalization(epsilon=self.epsilon, name=f"add_norm{i}", dtype=policy) for i in (1, 2, 3)]
+
+    def build(self, x_shape, encoder_output_shape=None, *args, **kwargs):
+        x_shape = tuple(x_shape)
+        encoder_output_shape = tuple(encoder_output_shape or x_shape)
+        self.self_attention.build(x_shape)
+        self.cross_attention.build(x_shape, encoder_output_shape, encoder_output_shape)
+        self.feed_forward.build(x_shape)
+        for norm in self.norms:
+            norm.build(x_shape)
+
+    def call(
+        self, x, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *,
+        return_attention_weights=False,
+    ):
+        self._check(x, encoder_output)
+        self_mask = key_padding(x, lookahead_mask)  # (B, 1, T) or None
+        cross_mask = None if padding_mask is None else key_padding(encoder_output, padding_mask)  # (B, 1, S)
+
+        def self_attend(q):
+            result = self.self_attention(
+                q, mask=self_mask, causal=True, training=training, return_attention_weights=return_attention_weights
+            )
+            return _pair(result, return_attention_weights)
+
+        def cross_attend(q):
+            result = self.cross_attention(
+                q, encoder_output, encoder_output, mask=cross_mask, training=training,
+                return_attention_weights=return_attention_weights,
+            )
+            return _pair(result, return_attention_weights)
+
+        x, self_weights, cross_weights = self._sublayers(x, self_attend, cross_attend, training)
+        return (x, self_weights, cross_weights) if return_attention_weights else x
+
+    def decode_step(self, x, cache, cross_keys_values, padding_mask=None, *, return_attention_weights=False):
+        """One step of cached (incremental) decoding; inference only.
+
+        Args:
+            x: (B, T_new, d_model), the embeddings of the newest target positions (usually T_new = 1).
+            cache: None at the first step, else (k, v) of the earlier positions' self-attention,
+                (B, h, T_past, d_k) and (B, h, T_past, d_v).
+            cross_keys_values: (k, v) of the encoder output from `project_encoder_output`.
+            padding_mask: optional (B, S) keep-mask of the real source tokens.
+            return_attention_weights: also return the cross-attention weights (B, h, T_new, S).
+
+        Returns:
+            (output (B, T_new, d_model), new cache (k, v) including the new positions), plus the
+            cross-attention weights when asked.
+        """
+        cross_mask = None if padding_mask is None else ops.expand_dims(ops.cast(padding_mask, "bool"), 1)
+        new_cache = []
+
+        def self_attend(q):
+            k, v = self.self_attention.project_keys_values(q, q)  # (B, h, T_new, d)
+            if cache is not None:
+                k = ops.concatenate([cache[0], k], axis=2)  # (B, h, T_past + T_new, d_k)
+                v = ops.concatenate([cache[1], v], axis=2)
+            new_cache.extend([k, v])
+            # Causal masks align bottom-right: the new queries are the last positions of the keys.
+            return self.self_attention.attend_projected(q, k, v, causal=True), None
+
+        def cross_attend(q):
+            k, v = cross_keys_values
+            result = self.cross_attention.attend_projected(
+                q, k, v, cross_mask, return_attention_weights=return_attention_weights
+            )
+            return _pair(result, return_attention_weights)
+
+        x, _, cross_weights = self._sublayers(x, self_attend, cross_attend, False)
+        out = (x, tuple(new_cache))
+        return out + (cross_weights,) if return_attention_weights else out
+
+    def project_encoder_output(self, encoder_output):
+        """The cross-attention's keys and values, computed once per source sentence for decoding."""
+        return self.cross_attention.project_keys_values(encoder_output, encoder_output)
+
+    def _sublayers(self, x, self_attend, cross_attend, training):
+        """The three sub-layers with residuals, dropout and norms; `*_attend(q)` -> (out, weights)."""
+        weights = []
+
+        def attention(attend):
+            def sublayer(q):
+                out, w = attend(q)
+                weights.append(w)
+                return out
+
+            return sublayer
+
+        sublayers = (attention(self_attend), attention(cross_attend), self.feed_forward)
+        for sublayer, dropout, norm in zip(sublayers, self.dropouts, self.norms):
+            if self.norm_first:
+                x = x + dropout(sublayer(norm(x)), training=training)  # (B, T, d_model)
+            else:
+                x = norm(x, dropout(sublayer(x), training=training))  # (B, T, d_model)
+        return x, weights[0], weights[1]
+
+    def _check(self, x, encoder_output):
+        for name, t in (("x", x), ("encoder_output", encoder_output)):
+            if len(t.shape) != 3 or t.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"`{name}` must have shape (batch, length, d_model={self.d_model}). "
+                    f"Received: {name}.shape={_shape_str(t.shape)}"
+                )
+        if None not in (x.shape[0], encoder_output.shape[0]) and x.shape[0] != encoder_output.shape[0]:
+            raise ValueError(
+                "`x` and `encoder_output` must have the same batch size. Received shapes: "
+                f"x={_shape_str(x.shape)}, encoder_output={_shape_str(encoder_output.shape)}"
+            )
+
+    def compute_output_shape(self, x_shape, *args, **kwargs):
+        return tuple(x_shape)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "h": self.h,
+            "d_k": self.d_k,
+            "d_v": self.d_v,
+            "d_model": self.d_model,
+            "d_ff": self.d_ff,
+            "rate": self.rate,
+            "norm_first": self.norm_first,
+            "activation": self.activation,
+            "epsilon": self.epsilon,
+        }
+
+
+def _pair(result, with_weights):
+    """An attention result as (output, weights or None)."""
+    return result if with_weights else (result, None)

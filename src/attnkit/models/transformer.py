@@ -1,0 +1,113 @@
+"""`Transformer`: the paper's encoder-decoder model, returning next-token logits (section 3).
+
+    logits = Linear(Decoder(target_ids, Encoder(source_ids)))
+
+Legend: B batch, S source length, T target length, V target vocabulary size, d_model.
+"""
+
+import keras
+from keras import ops
+
+from attnkit._validation import boolean
+from attnkit.layers.decoder import Decoder
+from attnkit.layers.encoder import Encoder
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class Transformer(keras.Model):
+    """Encoder, decoder and the final linear layer to the target vocabulary.
+
+    Args:
+        enc_vocab_size, dec_vocab_size: source and target vocabulary sizes.
+        enc_seq_length, dec_seq_length: longest source and target sequences (the target including
+            its start token).
+        h, d_k, d_v, d_model, d_ff, n, rate: as in `Encoder` (both stacks have n layers).
+        pad_id: padding id of both vocabularies. Default 0.
+        norm_first, activation, epsilon: as in `Encoder`.
+        tie_weights: share the decoder's token embedding with the output layer (logits = y E^T + b),
+            as the paper does (section 3.4). Default False.
+        **kwargs: base `keras.Model` arguments.
+
+    Call arguments:
+        encoder_input: (B, S) source ids; or the pair (encoder_input, decoder_input), as `fit` passes it.
+        decoder_input: (B, T) target ids shifted right (starting with the start token).
+        training: whether dropout is active.
+
+    Returns:
+        (B, T, V) float32 logits of the next target token at every position.
+
+    Example:
+    >>> model = Transformer(40, 40, 32, 12, h=4, d_k=16, d_v=16, d_model=64, d_ff=256, n=2, rate=0.1)
+    >>> model((source_ids, target_in)).shape  # (B, 12, 40)
+    """
+
+    def __init__(
+        self, enc_vocab_size, dec_vocab_size, enc_seq_length, dec_seq_length, h, d_k, d_v, d_model, d_ff, n, rate,
+        *, pad_id=0, norm_first=False, activation="relu", epsilon=1e-6, tie_weights=False, **kwargs,
+    ):
+        super().__init__(**kwargs)
+        shared = dict(pad_id=pad_id, norm_first=norm_first, activation=activation, epsilon=epsilon)
+        self.encoder = Encoder(
+            enc_vocab_size, enc_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="encoder", **shared
+        )
+        self.decoder = Decoder(
+            dec_vocab_size, dec_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="decoder", **shared
+        )
+        self.tie_weights = bool(boolean("tie_weights", tie_weights))
+        if not self.tie_weights:
+            self.model_last_layer = keras.layers.Dense(dec_vocab_size, name="model_last_layer", dtype=self.dtype_policy)
+        self._config = dict(
+            enc_vocab_size=enc_vocab_size, dec_vocab_size=dec_vocab_size, enc_seq_length=enc_seq_length,
+            dec_seq_length=dec_seq_length, h=h, d_k=d_k, d_v=d_v, d_model=d_model, d_ff=d_ff, n=n, rate=rate,
+            tie_weights=self.tie_weights, **shared,
+        )
+        self.pad_id = self.encoder.pad_id
+
+    def build(self, encoder_input_shape, decoder_input_shape=None):
+        if decoder_input_shape is None:  # fit passes the pair of shapes as one argument
+            encoder_input_shape, decoder_input_shape = encoder_input_shape
+        self.encoder.build(encoder_input_shape)
+        enc_out = tuple(encoder_input_shape) + (self.decoder.d_model,)
+        self.decoder.build(decoder_input_shape, enc_out)
+        if self.tie_weights:
+            self.output_bias = self.add_weight(
+                shape=(self.decoder.vocab_size,), initializer="zeros", name="output_bias"
+            )
+        else:
+            self.model_last_layer.build(tuple(decoder_input_shape) + (self.decoder.d_model,))
+        self.built = True
+
+    def call(self, encoder_input, decoder_input=None, training=None):
+        if decoder_input is None:
+            encoder_input, decoder_input = encoder_input
+        encoder_output, source_mask = self.encode(encoder_input, training=training)
+        y = self.decoder(decoder_input, encoder_output, None, source_mask, training=training)  # (B, T, d_model)
+        return self.logits(y)
+
+    def encode(self, encoder_input, training=None):
+        """(encoder output (B, S, d_model), source keep-mask (B, S)) for `encoder_input` (B, S)."""
+        source_mask = self.encoder.compute_mask(encoder_input)
+        return self.encoder(encoder_input, source_mask, training=training), source_mask
+
+    def logits(self, y):
+        """Decoder outputs (..., d_model) -> float32 logits (..., V)."""
+        if self.tie_weights:
+            embeddings = self.decoder.pos_encoding.token_embedding.embeddings  # (V, d_model)
+            logits = ops.matmul(y, ops.cast(ops.transpose(embeddings), y.dtype)) + ops.cast(self.output_bias, y.dtype)
+        else:
+            logits = self.model_last_layer(y)
+        # Under mixed precision the softmax cross-entropy wants float32 logits.
+        return ops.cast(logits, "float32")
+
+    def compute_output_shape(self, encoder_input_shape, decoder_input_shape=None):
+        if decoder_input_shape is None:
+            encoder_input_shape, decoder_input_shape = encoder_input_shape
+        return tuple(decoder_input_shape) + (self.decoder.vocab_size,)
+
+    def get_config(self):
+        base = {k: v for k, v in super().get_config().items() if k in ("name", "trainable", "dtype")}
+        return {**base, **self._config}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
