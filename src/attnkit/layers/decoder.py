@@ -119,6 +119,8 @@ class Decoder(keras.layers.Layer):
 
     def project_encoder_output(self, encoder_output):
         """Every layer's cross-attention keys and values, computed once per source for decoding."""
+        if not self.built:  # decoding may start here, before any call has built the layers
+            self.build((encoder_output.shape[0], 1), tuple(encoder_output.shape))
         return [layer.project_encoder_output(encoder_output) for layer in self.decoder_layers]
 
     def decode_step(self, target_ids, start, caches, cross_keys_values, padding_mask=None, *,
