@@ -12,7 +12,7 @@ from keras import ops
 from attnkit._validation import positive_int
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.ops.attention import masked_softmax
-from attnkit.ops.masks import _shape_str, broadcast_mask
+from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -28,7 +28,8 @@ class AdditiveAttention(keras.layers.Layer):
         query: (B, T_q, d_q), or (B, d_q) for a single step (e.g. a decoder state).
         key: (B, T_k, d_k); `d_k` may differ from `d_q`.
         value: (B, T_k, d_v).
-        mask: optional keep-mask, True = may attend: (B, T_k), (T_k,), (B, T_q, T_k), ...
+        mask: optional keep-mask, True = may attend: (B, T_k), (T_k,), (B, T_q, T_k), ... Keras masks
+            on `key` or `value` (from `Embedding(mask_zero=True)`) are honoured as key padding.
 
     Returns:
         (context, weights): context (B, T_q, d_v) and weights (B, T_q, T_k); for a 2-D query,
@@ -57,7 +58,7 @@ class AdditiveAttention(keras.layers.Layer):
         self.W_k.build(key_shape or query_shape)
         self.v.build((None, self.units))
 
-    def call(self, query, key, value, mask=None):
+    def call(self, query, key, value, mask=None, key_mask=None, value_mask=None):
         single_step = len(query.shape) == 2
         if single_step:
             query = ops.expand_dims(query, 1)  # (B, d_q) -> (B, 1, d_q)
@@ -66,6 +67,10 @@ class AdditiveAttention(keras.layers.Layer):
         k = ops.expand_dims(self.W_k(key), 1)  # (B, 1, T_k, units)
         scores = ops.squeeze(self.v(ops.tanh(q + k)), -1)  # (B, T_q, T_k)
         keep = None if mask is None else broadcast_mask(mask, tuple(scores.shape))
+        key_padding = key_mask if key_mask is not None else value_mask
+        if key_padding is not None:
+            # Keras filled the keys' (B, T_k) padding mask (e.g. from `Embedding(mask_zero=True)`).
+            keep = combine_masks(keep, ops.expand_dims(key_padding, 1))  # (B, T_q, T_k) or (B, 1, T_k)
         weights = masked_softmax(scores, keep)  # (B, T_q, T_k)
         context = ops.matmul(weights, value)  # (B, T_q, d_v)
         if single_step:

@@ -45,6 +45,8 @@ class DotProductAttention(keras.layers.Layer):
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.supports_masking = True
+        # The seeds call `attention(queries, keys, values, d_k)`: Keras refuses a positional int unless told.
+        self._allow_non_tensor_positional_args = True
         self.built = True
 
     def call(
@@ -64,6 +66,15 @@ class DotProductAttention(keras.layers.Layer):
 
     def compute_output_shape(self, queries_shape, keys_shape=None, values_shape=None):
         return tuple(queries_shape[:-1]) + (tuple(values_shape)[-1] if values_shape else queries_shape[-1],)
+
+    def compute_output_spec(
+        self, queries, keys, values, d_k=None, mask=None, *, return_attention_weights=False, **kwargs
+    ):
+        # Symbolic calls (functional models) must see the weights too when they are asked for.
+        output = keras.KerasTensor((*queries.shape[:-1], values.shape[-1]), dtype=self.compute_dtype)
+        if not return_attention_weights:
+            return output
+        return output, keras.KerasTensor((*queries.shape[:-1], keys.shape[-2]), dtype=self.compute_dtype)
 
     def get_config(self):
         return {**super().get_config(), "dropout": self.dropout, "seed": self.seed}

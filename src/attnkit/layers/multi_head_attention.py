@@ -184,6 +184,17 @@ class MultiHeadAttention(keras.layers.Layer):
     def compute_output_shape(self, queries_shape, keys_shape=None, values_shape=None):
         return tuple(queries_shape[:-1]) + (self.d_model,)
 
+    def compute_output_spec(
+        self, queries, keys=None, values=None, mask=None, *, return_attention_weights=False, **kwargs
+    ):
+        # Symbolic calls (functional models) must see the weights too when they are asked for.
+        output = keras.KerasTensor(self.compute_output_shape(queries.shape), dtype=self.compute_dtype)
+        if not return_attention_weights:
+            return output
+        keys = queries if keys is None else keys
+        weights_shape = (queries.shape[0], self.h, queries.shape[1], keys.shape[1])  # (B, h, T_q, T_k)
+        return output, keras.KerasTensor(weights_shape, dtype=self.compute_dtype)
+
     def get_config(self):
         return {
             **super().get_config(),
