@@ -160,16 +160,25 @@ class PretrainedEncoder:
         return self.tokenize([text])[2][0]
 
     def _run(self, token_ids, padding_mask, *, return_attention_weights=False):
+        import keras
         from keras import ops
 
+        B, T = token_ids.shape
+        # JAX compiles every operation anew for each input shape: padding T up to a multiple of 16
+        # lets batches of similar lengths share those compilations. The extra keys are masked, so
+        # they get zero weight and change nothing; the extra rows are cut off below.
+        if keras.backend.backend() == "jax":
+            padded = min(-(-T // 16) * 16, self.model.sequence_length)
+            token_ids = np.pad(token_ids, ((0, 0), (0, padded - T)))
+            padding_mask = np.pad(padding_mask, ((0, 0), (0, padded - T)))
         outputs = self.model(
             ops.convert_to_tensor(token_ids), ops.convert_to_tensor(padding_mask), training=False,
             return_attention_weights=return_attention_weights,
         )
         if return_attention_weights:
             hidden, weights = outputs
-            return _numpy(hidden), [_numpy(w) for w in weights]
-        return _numpy(outputs)
+            return _numpy(hidden)[:, :T], [_numpy(w)[:, :, :T, :T] for w in weights]
+        return _numpy(outputs)[:, :T]
 
     def encode(self, texts, batch_size=64, progress=False, *, normalize=True):
         """Sentence embeddings: pooled token vectors (mean over real tokens), L2-normalized.
