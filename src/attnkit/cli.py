@@ -194,6 +194,9 @@ def main(argv=None):
     except (ValueError, TypeError, OSError) as e:
         print(f"attnkit: error: {e}", file=sys.stderr)
         return 1
+    except ImportError as e:
+        print(f"attnkit: error: {e}; install the extras: pip install 'attnkit[pretrained,viz]'", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)
         return 130

@@ -135,7 +135,7 @@ class BertEncoder(keras.Model):
 
     def get_config(self):
         return {
-            "name": self.name,
+            **super().get_config(),
             "vocab_size": self.vocab_size,
             "sequence_length": self.sequence_length,
             "h": self.h,
