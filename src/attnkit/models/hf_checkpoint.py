@@ -165,18 +165,16 @@ def read_tokenizer(path):
     from tokenizers.implementations import BertWordPieceTokenizer
 
     tokenizer_file, vocab_file = os.path.join(path, "tokenizer.json"), os.path.join(path, "vocab.txt")
+    if not os.path.isfile(tokenizer_file) and not os.path.isfile(vocab_file):
+        raise FileNotFoundError(f"{path}: neither tokenizer.json nor vocab.txt found; {_REQUIRED}")
+    file = tokenizer_file if os.path.isfile(tokenizer_file) else vocab_file
     try:
-        if os.path.isfile(tokenizer_file):
+        if file == tokenizer_file:
             tokenizer = Tokenizer.from_file(tokenizer_file)
-        elif os.path.isfile(vocab_file):
+        else:
             settings = _read_json(os.path.join(path, "tokenizer_config.json"), required=False) or {}
             tokenizer = BertWordPieceTokenizer(vocab_file, lowercase=settings.get("do_lower_case", True))
-        else:
-            raise FileNotFoundError(f"{path}: neither tokenizer.json nor vocab.txt found; {_REQUIRED}")
-    except Exception as e:  # tokenizers raises a bare Exception on bad files
-        if isinstance(e, FileNotFoundError):
-            raise
-        file = tokenizer_file if os.path.isfile(tokenizer_file) else vocab_file
+    except Exception as e:  # tokenizers raises a bare Exception on a malformed file
         raise ValueError(f"{file}: cannot read the tokenizer ({e})") from None
     tokenizer.no_padding()
     tokenizer.no_truncation()
