@@ -1,0 +1,169 @@
+"""The `attnkit demo`, `train` and `translate` commands: a Transformer on the embedded date task.
+
+    attnkit demo                   train, report exact match, translate held-out dates, draw the cross-attention
+    attnkit train --output-dir D   train and save a model into D
+    attnkit translate --model D    translate texts (arguments, a file, or stdin) with a saved model
+
+User errors raise `CommandError` (from `attnkit.cli`), printed as one line.
+"""
+
+import os
+import sys
+import time
+
+PLOT_FILE = "cross_attention.png"
+
+
+def CommandError(message):  # noqa: N802  (the class lives in attnkit.cli, which imports this module)
+    from attnkit.cli import CommandError as error
+
+    return error(message)
+
+
+def add_commands(commands):
+    """Adds demo, train and translate to the `commands` subparsers of `attnkit.cli`."""
+    demo = commands.add_parser("demo", help="train a small Transformer on dates, evaluate it, draw its attention")
+    _training_options(demo, default_dir="runs/demo")
+    demo.add_argument("--examples", type=int, default=6, help="held-out inputs to translate (default 6)")
+    demo.set_defaults(run=_demo)
+
+    train = commands.add_parser("train", help="train a Transformer on the date task and save it")
+    _training_options(train, default_dir=None)
+    train.set_defaults(run=_train)
+
+    translate = commands.add_parser("translate", help="translate texts with a model saved by train or demo")
+    translate.add_argument("texts", nargs="*", help="texts to translate (or use --input)")
+    translate.add_argument("--model", metavar="DIR", required=True, help="directory written by train or demo")
+    translate.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
+    translate.add_argument("--beam", type=_positive, default=1, help="beam size; 1 = greedy (default)")
+    translate.set_defaults(run=_translate)
+
+
+def _positive(text):
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return value
+
+
+def _training_options(parser, default_dir):
+    from attnkit.translation import TrainConfig
+
+    d = TrainConfig()
+    parser.add_argument("--epochs", type=_positive, default=d.epochs, help=f"default {d.epochs}")
+    parser.add_argument("--batch-size", type=_positive, default=d.batch_size, help=f"default {d.batch_size}")
+    parser.add_argument("--train-size", type=_positive, default=d.n_train, help=f"training examples (default {d.n_train})")
+    parser.add_argument("--d-model", type=_positive, default=d.d_model, help=f"default {d.d_model}")
+    parser.add_argument("--heads", type=_positive, default=d.h, help=f"default {d.h}")
+    parser.add_argument("--layers", type=_positive, default=d.n, help=f"encoder and decoder layers (default {d.n})")
+    parser.add_argument("--d-ff", type=_positive, default=d.d_ff, help=f"default {d.d_ff}")
+    parser.add_argument("--seed", type=int, default=d.seed, help=f"data and initialisation seed (default {d.seed})")
+    parser.add_argument(
+        "--output-dir", metavar="DIR", default=default_dir, required=default_dir is None,
+        help="where the model (and the demo's picture) go" + (f" (default {default_dir})" if default_dir else ""),
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite files already in the output directory")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _config(args):
+    from attnkit.translation import TrainConfig
+
+    if args.d_model % args.heads:
+        raise CommandError(f"--d-model ({args.d_model}) must be a multiple of --heads ({args.heads})")
+    return TrainConfig(
+        epochs=args.epochs, batch_size=args.batch_size, n_train=args.train_size, d_model=args.d_model,
+        h=args.heads, n=args.layers, d_ff=args.d_ff, seed=args.seed,
+    )
+
+
+def _check_output_dir(directory, force, names):
+    from attnkit.translation import META_FILE, MODEL_FILE
+
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise CommandError(f"--output-dir {directory} exists and is not a directory")
+    for name in (MODEL_FILE, META_FILE, *names):
+        path = os.path.join(directory, name)
+        if os.path.exists(path) and not force:
+            raise CommandError(f"{path} already exists; pass --force to overwrite it")
+
+
+def _fit(args):
+    from attnkit.translation import train_dates
+
+    start = time.perf_counter()
+    translator, validation, _ = train_dates(_config(args), verbose=0 if args.quiet else 1)
+    return translator, validation, time.perf_counter() - start
+
+
+def _train(args):
+    _check_output_dir(args.output_dir, args.force, ())
+    translator, validation, seconds = _fit(args)
+    accuracy = translator.exact_match(validation)
+    translator.save(args.output_dir, overwrite=args.force)
+    print(f"trained in {seconds:.0f} s; validation exact match {accuracy:.2%} on {len(validation)} dates")
+    print(f"saved to {args.output_dir}")
+    return 0
+
+
+def _demo(args):
+    import keras
+
+    from attnkit.viz import plot_attention
+
+    _check_output_dir(args.output_dir, args.force, (PLOT_FILE,))
+    print(f"attnkit demo: a Transformer learns to normalise dates (backend: {keras.backend.backend()})")
+    translator, validation, seconds = _fit(args)
+    accuracy = translator.exact_match(validation)
+    print(f"\ntrained in {seconds:.0f} s; validation exact match: {accuracy:.2%} on {len(validation)} held-out dates\n")
+
+    sources = [s for s, _ in validation[: args.examples]]
+    outputs, results = translator.translate(sources, return_attention_weights=True)
+    width = max(len(s) for s in sources)
+    for (source, target), output in zip(validation, outputs):
+        print(f"  {source:<{width}}  ->  {output}  {'ok' if output == target else 'expected ' + target}")
+
+    translator.save(args.output_dir, overwrite=args.force)
+    cross = results[0].cross_attention[-1][0]  # last decoder layer, first example: (h, T_out, S)
+    source_tokens = list(sources[0])
+    output_tokens = list(outputs[0]) + ["</s>"]
+    cross = cross[:, : len(output_tokens), : len(source_tokens)]
+    plot_path = os.path.join(args.output_dir, PLOT_FILE)
+    plot_attention(
+        cross, source_tokens, output_tokens, path=plot_path,
+        title=f"cross-attention, last decoder layer: {sources[0]!r} -> {outputs[0]!r}",
+    )
+    print(f"\ncross-attention picture: {plot_path}")
+    print(f"model saved in {args.output_dir}; try: attnkit translate --model {args.output_dir} \"july 4, 1976\"")
+    return 0
+
+
+def _translate(args):
+    from attnkit.translation import DateTranslator
+
+    if args.texts and args.input:
+        raise CommandError("give texts as arguments or with --input, not both")
+    if args.input == "-":
+        texts = [line.rstrip("\n") for line in sys.stdin]
+    elif args.input:
+        try:
+            with open(args.input, encoding="utf-8") as f:
+                texts = [line.rstrip("\n") for line in f]
+        except (OSError, UnicodeDecodeError) as e:
+            raise CommandError(f"cannot read --input {args.input}: {getattr(e, 'strerror', None) or e}") from None
+    else:
+        texts = args.texts
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise CommandError("nothing to translate: give texts as arguments or with --input")
+    if not os.path.isdir(args.model):
+        raise CommandError(f"model directory {args.model} does not exist")
+    translator = DateTranslator.load(args.model)
+    for text, output in zip(texts, translator.translate(texts, beam_size=args.beam)):
+        print(f"{text}\t{output}")
+    return 0
