@@ -41,11 +41,13 @@ def _torch(queries, keys, values, keep, causal, scale):
 def _jax(queries, keys, values, keep, causal, scale):
     import jax
 
-    # jax's kernel takes exactly (B, T, h, d), one width for keys and values, and float32 or half.
+    # jax's kernel takes exactly (B, T, h, d), one width for keys and values, and float32 or half;
+    # on CPU its float16 version does not compile under jit ("precision 'F16_F16_F32' is not supported").
+    dtypes = ("float32", "bfloat16") if jax.default_backend() == "cpu" else ("float32", "float16", "bfloat16")
     if (
         len(queries.shape) != 4
         or queries.shape[-1] != values.shape[-1]
-        or keras.backend.standardize_dtype(queries.dtype) not in ("float32", "float16", "bfloat16")
+        or keras.backend.standardize_dtype(queries.dtype) not in dtypes
     ):
         return None
     empty_rows = None

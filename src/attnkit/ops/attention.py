@@ -171,11 +171,15 @@ def fused_attention(
 
 def _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed):
     dtype = keras.backend.standardize_dtype(queries.dtype)
-    # Scale the queries, not the scores: fewer multiplications and no overflow risk in float16.
-    scores = ops.matmul(queries * ops.cast(scale, dtype), ops.swapaxes(keys, -1, -2))  # (..., T_q, T_k)
+    # float16 scores overflow (max 65504) once |q . k| * scale is large, e.g. inputs of 100 with
+    # d_k = 64: compute them in float32, where the softmax runs anyway, as the fused kernels do.
+    score_dtype = "float32" if dtype in HALF_DTYPES else dtype
+    # Scale the queries, not the scores: fewer multiplications.
+    scaled_queries = ops.cast(queries, score_dtype) * ops.cast(scale, score_dtype)
+    scores = ops.matmul(scaled_queries, ops.swapaxes(ops.cast(keys, score_dtype), -1, -2))  # (..., T_q, T_k)
     lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
     keep = keep_mask(mask, causal, tuple(scores.shape), lengths)
-    weights = masked_softmax(scores, keep)
+    weights = ops.cast(masked_softmax(scores, keep), dtype)
     attended = weights
     if training and dropout > 0:
         attended = keras.random.dropout(weights, dropout, seed=seed)
