@@ -1,6 +1,12 @@
 """Pure attention functions and masks on `keras.ops`."""
 
-from attnkit.ops.attention import fused_attention, masked_softmax, scaled_dot_product_attention
+from attnkit.ops.attention import (
+    fused_attention,
+    masked_softmax,
+    max_scores_bytes,
+    scaled_dot_product_attention,
+    set_max_scores_bytes,
+)
 from attnkit.ops.masks import (
     MaskDtypeError,
     broadcast_mask,
@@ -20,6 +26,8 @@ __all__ = [
     "from_key_padding_mask",
     "fused_attention",
     "masked_softmax",
+    "max_scores_bytes",
     "padding_mask",
     "scaled_dot_product_attention",
+    "set_max_scores_bytes",
 ]

@@ -10,22 +10,80 @@ Two paths give the same numbers (tested):
 - `fused_attention` returns the output only and, when attention dropout is inactive, runs the
   backend's fused kernel (`_fused.py`), whose memory does not grow as T_q * T_k.
 
+The explicit path materializes the (..., T_q, T_k) scores: above a memory budget (2 GiB by default;
+`set_max_scores_bytes`, or the environment variable ATTNKIT_MAX_SCORES_BYTES) it raises a
+MemoryError before allocating them, instead of exhausting the machine's memory.
+
 Rows with nothing to attend to give zero output and zero weights (DESIGN.md decision 5). The softmax
 runs in float32 when the inputs are float16/bfloat16, and masked scores are filled with the smallest
 finite value of that dtype, never a literal that overflows (decision 6).
 """
 
 import math
+import os
 
 import keras
 import numpy as np
 from keras import ops
 
-from attnkit._validation import positive_float, rate
+from attnkit._validation import positive_float, positive_int, rate
 from attnkit.ops import _fused
 from attnkit.ops.masks import _shape_str, broadcast_mask
 
 HALF_DTYPES = ("float16", "bfloat16")
+DEFAULT_MAX_SCORES_BYTES = 2 * 1024**3
+MAX_SCORES_ENV = "ATTNKIT_MAX_SCORES_BYTES"
+_max_scores_bytes = None  # set by `set_max_scores_bytes`; None: the environment variable or the default
+
+
+def set_max_scores_bytes(max_bytes):
+    """Sets the largest scores tensor, in bytes, the explicit path may allocate; None restores the default.
+
+    Args:
+        max_bytes: a positive integer, or None for ATTNKIT_MAX_SCORES_BYTES if set, else 2 GiB.
+
+    Raises:
+        ValueError: `max_bytes` is not a positive integer.
+
+    Example:
+    >>> set_max_scores_bytes(8 * 1024**3)  # allow 8 GiB of scores
+    """
+    global _max_scores_bytes
+    _max_scores_bytes = None if max_bytes is None else positive_int("max_bytes", max_bytes)
+
+
+def max_scores_bytes():
+    """The current budget in bytes: `set_max_scores_bytes`'s, else ATTNKIT_MAX_SCORES_BYTES, else 2 GiB."""
+    if _max_scores_bytes is not None:
+        return _max_scores_bytes
+    value = os.environ.get(MAX_SCORES_ENV)
+    if value is None or not value.strip():
+        return DEFAULT_MAX_SCORES_BYTES
+    try:
+        return positive_int(MAX_SCORES_ENV, int(value))
+    except ValueError:
+        raise ValueError(
+            f"The environment variable {MAX_SCORES_ENV} must be a positive integer (bytes). Received: {value!r}"
+        ) from None
+
+
+def check_scores_budget(scores_shape, dtype):
+    """Raises a MemoryError naming the size and the way out when a scores tensor would exceed the budget.
+
+    Shapes with unknown (symbolic) dimensions pass: nothing is allocated for them.
+    """
+    if any(d is None for d in scores_shape):
+        return
+    size = math.prod(scores_shape) * np.dtype(dtype).itemsize
+    budget = max_scores_bytes()
+    if size > budget:
+        raise MemoryError(
+            f"Explicit attention would allocate a scores tensor of shape {_shape_str(scores_shape)} {dtype} "
+            f"= {size / 1024**3:.2f} GiB, above the budget of {budget / 1024**3:.2f} GiB. Don't request the "
+            "attention weights (use `fused_attention`, or return_attention_weights=False in the layers), whose "
+            "memory does not grow as T_q * T_k on the torch and jax backends; or shorten the sequences; or "
+            f"raise the budget with attnkit.ops.set_max_scores_bytes(...) or {MAX_SCORES_ENV}."
+        )
 
 
 def check_qkv(queries, keys, values):
@@ -128,6 +186,7 @@ def scaled_dot_product_attention(
         ValueError: ranks below 3, mismatched shapes, a mask that does not broadcast, a bad scale
             or dropout rate.
         TypeError: a float mask.
+        MemoryError: the scores (..., T_q, T_k) would exceed `max_scores_bytes()`.
 
     Example:
     >>> q = k = v = keras.random.normal((2, 5, 8))
@@ -147,7 +206,8 @@ def fused_attention(
 
     Same arguments and numbers as `scaled_dot_product_attention`; returns the output (..., T_q, d_v).
     On torch this is `torch.nn.functional.scaled_dot_product_attention` (its CPU flash kernel), on
-    jax `jax.nn.dot_product_attention`, on tensorflow the explicit path.
+    jax `jax.nn.dot_product_attention`, on tensorflow the explicit path (which, like any explicit
+    computation, raises a MemoryError when its scores would exceed `max_scores_bytes()`).
     """
     queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
     check_qkv(queries, keys, values)
@@ -174,6 +234,7 @@ def _explicit(queries, keys, values, mask, causal, scale, dropout, training, see
     # float16 scores overflow (max 65504) once |q . k| * scale is large, e.g. inputs of 100 with
     # d_k = 64: compute them in float32, where the softmax runs anyway, as the fused kernels do.
     score_dtype = "float32" if dtype in HALF_DTYPES else dtype
+    check_scores_budget((*queries.shape[:-1], keys.shape[-2]), score_dtype)
     # Scale the queries, not the scores: fewer multiplications.
     scaled_queries = ops.cast(queries, score_dtype) * ops.cast(scale, score_dtype)
     scores = ops.matmul(scaled_queries, ops.swapaxes(ops.cast(keys, score_dtype), -1, -2))  # (..., T_q, T_k)
