@@ -46,7 +46,9 @@ class AddNormalization(keras.layers.Layer):
         super().__init__(**kwargs)
         self.epsilon = positive_float("epsilon", epsilon)
         self.supports_masking = True
-        self.layer_norm = keras.layers.LayerNormalization(epsilon=self.epsilon, name="layer_norm", dtype=self.dtype_policy)
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=self.epsilon, name="layer_norm", dtype=self.dtype_policy
+        )
 
     def build(self, x_shape, sublayer_x_shape=None):
         self.layer_norm.build(x_shape)

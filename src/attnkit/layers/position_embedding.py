@@ -85,7 +85,9 @@ class PositionEmbeddingFixedWeights(keras.layers.Layer):
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.supports_masking = True
         embedding = dict(embeddings_initializer=self.embeddings_initializer, dtype=self.dtype_policy)
-        self.token_embedding = keras.layers.Embedding(self.vocab_size, self.d_model, name="token_embedding", **embedding)
+        self.token_embedding = keras.layers.Embedding(
+            self.vocab_size, self.d_model, name="token_embedding", **embedding
+        )
         if self.position == "learned":
             self.position_embedding = keras.layers.Embedding(
                 self.sequence_length, self.d_model, name="position_embedding", **embedding
