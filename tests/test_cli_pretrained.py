@@ -61,7 +61,7 @@ def test_embed_from_stdin_to_stdout(encoder, monkeypatch, capsys):
 
 
 def test_embed_shows_progress_for_large_inputs(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cli, "PROGRESS_FROM", 3)
+    monkeypatch.setattr(cli.pretrained, "PROGRESS_FROM", 3)
     assert cli.main(["embed", "a", "b", "c", "--output", str(tmp_path / "out.npy")]) == 0
     assert "3/3" in capsys.readouterr().out
     assert cli.main(["embed", "a", "b", "--output", str(tmp_path / "small.npy")]) == 0

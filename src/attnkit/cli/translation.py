@@ -4,20 +4,16 @@
     attnkit train --output-dir D   train and save a model into D
     attnkit translate --model D    translate texts (arguments, a file, or stdin) with a saved model
 
-User errors raise `CommandError` (from `attnkit.cli`), printed as one line.
+User errors raise `CommandError`, printed as one line.
 """
 
 import os
 import sys
 import time
 
+from attnkit.cli.errors import CommandError, positive_int
+
 PLOT_FILE = "cross_attention.png"
-
-
-def CommandError(message):  # noqa: N802  (the class lives in attnkit.cli, which imports this module)
-    from attnkit.cli import CommandError as error
-
-    return error(message)
 
 
 def add_commands(commands):
@@ -35,33 +31,21 @@ def add_commands(commands):
     translate.add_argument("texts", nargs="*", help="texts to translate (or use --input)")
     translate.add_argument("--model", metavar="DIR", required=True, help="directory written by train or demo")
     translate.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
-    translate.add_argument("--beam", type=_positive, default=1, help="beam size; 1 = greedy (default)")
+    translate.add_argument("--beam", type=positive_int, default=1, help="beam size; 1 = greedy (default)")
     translate.set_defaults(run=_translate)
-
-
-def _positive(text):
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-    return value
 
 
 def _training_options(parser, default_dir):
     from attnkit.translation import TrainConfig
 
     d = TrainConfig()
-    parser.add_argument("--epochs", type=_positive, default=d.epochs, help=f"default {d.epochs}")
-    parser.add_argument("--batch-size", type=_positive, default=d.batch_size, help=f"default {d.batch_size}")
-    parser.add_argument("--train-size", type=_positive, default=d.n_train, help=f"training examples (default {d.n_train})")
-    parser.add_argument("--d-model", type=_positive, default=d.d_model, help=f"default {d.d_model}")
-    parser.add_argument("--heads", type=_positive, default=d.h, help=f"default {d.h}")
-    parser.add_argument("--layers", type=_positive, default=d.n, help=f"encoder and decoder layers (default {d.n})")
-    parser.add_argument("--d-ff", type=_positive, default=d.d_ff, help=f"default {d.d_ff}")
+    parser.add_argument("--epochs", type=positive_int, default=d.epochs, help=f"default {d.epochs}")
+    parser.add_argument("--batch-size", type=positive_int, default=d.batch_size, help=f"default {d.batch_size}")
+    parser.add_argument("--train-size", type=positive_int, default=d.n_train, help=f"training examples (default {d.n_train})")
+    parser.add_argument("--d-model", type=positive_int, default=d.d_model, help=f"default {d.d_model}")
+    parser.add_argument("--heads", type=positive_int, default=d.h, help=f"default {d.h}")
+    parser.add_argument("--layers", type=positive_int, default=d.n, help=f"encoder and decoder layers (default {d.n})")
+    parser.add_argument("--d-ff", type=positive_int, default=d.d_ff, help=f"default {d.d_ff}")
     parser.add_argument("--seed", type=int, default=d.seed, help=f"data and initialisation seed (default {d.seed})")
     parser.add_argument(
         "--output-dir", metavar="DIR", default=default_dir, required=default_dir is None,

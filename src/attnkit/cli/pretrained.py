@@ -1,0 +1,135 @@
+"""`attnkit embed`, `similarity` and `heads`: the embedded all-MiniLM-L6-v2 model (or `--model DIR`)."""
+
+import json
+import os
+import sys
+import warnings
+
+from attnkit.cli.errors import CommandError
+
+PROGRESS_FROM = 256  # `embed` shows a progress bar from this many texts (when writing to a file)
+
+
+def _load(args):
+    from attnkit.models.pretrained import load_pretrained
+
+    return load_pretrained(args.model)
+
+
+def _refuse_overwrite(path, force):
+    if os.path.exists(path) and not force:
+        raise CommandError(f"{path} already exists; pass --force to overwrite it")
+
+
+def _read_texts(args):
+    if args.texts and args.input:
+        raise CommandError("give texts as arguments or with --input, not both")
+    if args.input == "-":
+        return sys.stdin.read().splitlines()
+    if args.input:
+        with open(args.input, encoding="utf-8") as f:
+            return f.read().splitlines()
+    if not args.texts:
+        raise CommandError("no texts: give them as arguments, or one per line with --input FILE (- for stdin)")
+    return list(args.texts)
+
+
+def _encode(encoder, texts, **options):
+    """`encoder.encode`, with its truncation warning printed as one line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        embeddings = encoder.encode(texts, **options)
+    for warning in caught:
+        print(f"attnkit: warning: {warning.message}", file=sys.stderr)
+    return embeddings
+
+
+def _embed(args):
+    import numpy as np
+
+    if args.output and not args.output.endswith((".npy", ".jsonl")):
+        raise CommandError(f"--output must end in .npy or .jsonl. Received: {args.output}")
+    if args.output:
+        _refuse_overwrite(args.output, args.force)
+    texts = _read_texts(args)
+    encoder = _load(args)
+    progress = args.output is not None and len(texts) >= PROGRESS_FROM
+    embeddings = _encode(encoder, texts, batch_size=args.batch_size, progress=progress)  # (N, d_model)
+    if args.output and args.output.endswith(".npy"):
+        np.save(args.output, embeddings)
+    else:
+        lines = (json.dumps({"text": t, "embedding": e.tolist()}, ensure_ascii=False) for t, e in zip(texts, embeddings))
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in lines)
+        else:
+            for line in lines:
+                print(line)
+    if args.output:
+        print(f"wrote {len(texts)} embeddings of size {encoder.d_model} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _similarity(args):
+    if len(args.texts) < 2:
+        raise CommandError("similarity needs at least two texts")
+    encoder = _load(args)
+    embeddings = _encode(encoder, list(args.texts))  # (N, d_model), unit vectors
+    similarity = embeddings @ embeddings.T  # (N, N) cosines
+    labels = [f"[{i}]" for i in range(len(args.texts))]
+    width = max(6, max(map(len, labels)))
+    print(" " * width + "".join(label.rjust(width + 1) for label in labels))
+    for label, row in zip(labels, similarity):
+        print(label.ljust(width) + "".join(f"{value:.3f}".rjust(width + 1) for value in row))
+    print()
+    for label, text in zip(labels, args.texts):
+        print(f"{label} {text if len(text) <= 70 else text[:67] + '...'}")
+    return 0
+
+
+def _heads(args):
+    from attnkit.viz import plot_attention
+
+    if not args.output.lower().endswith(".png"):
+        raise CommandError(f"--output must end in .png. Received: {args.output}")
+    _refuse_overwrite(args.output, args.force)
+    encoder = _load(args)
+    if not -encoder.n <= args.layer < encoder.n:
+        raise CommandError(f"--layer must be in [0, {encoder.n - 1}] for this {encoder.n}-layer model. Received: {args.layer}")
+    tokens = encoder.tokens(args.sentence)
+    weights = encoder.attentions(args.sentence)[args.layer]  # (h, T, T)
+    layer = args.layer % encoder.n
+    plot_attention(weights, tokens, tokens, title=f"layer {layer}: attention of each head (rows attend to columns)",
+                   path=args.output)
+    print(f"wrote {encoder.h} heads of layer {layer} over {len(tokens)} tokens to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _add_model_option(parser):
+    parser.add_argument("--model", metavar="DIR", help="a BERT-architecture model directory (default: all-MiniLM-L6-v2)")
+
+
+
+def add_commands(commands):
+    """Adds embed, similarity and heads to the `attnkit` subcommands."""
+    embed = commands.add_parser("embed", help="sentence embeddings of texts, to .npy or JSON lines")
+    embed.add_argument("texts", nargs="*", help="texts to embed (or use --input)")
+    embed.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
+    embed.add_argument("--output", metavar="PATH", help="X.npy (N, d_model) or X.jsonl; default JSON lines on stdout")
+    embed.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    embed.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
+    _add_model_option(embed)
+    embed.set_defaults(run=_embed)
+
+    similarity = commands.add_parser("similarity", help="cosine similarities of texts, as a table")
+    similarity.add_argument("texts", nargs="+", help="two or more texts")
+    _add_model_option(similarity)
+    similarity.set_defaults(run=_similarity)
+
+    heads = commands.add_parser("heads", help="a PNG of each head's attention in one layer for a sentence")
+    heads.add_argument("sentence", help="the sentence to look at")
+    heads.add_argument("--layer", type=int, default=0, help="layer index, 0 = first, -1 = last (default 0)")
+    heads.add_argument("--output", metavar="PNG", default="heads.png", help="the image to write (default heads.png)")
+    heads.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    _add_model_option(heads)
+    heads.set_defaults(run=_heads)

@@ -1,0 +1,103 @@
+"""The `attnkit demo`, `train` and `translate` commands, with tiny sizes so they run in seconds."""
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attnkit import cli
+from attnkit.translation import DateTranslator
+
+TINY = ["--epochs", "1", "--train-size", "256", "--batch-size", "64", "--d-model", "16", "--heads", "2",
+        "--layers", "1", "--d-ff", "32", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("trained")
+    assert cli.main(["train", *TINY, "--output-dir", str(directory)]) == 0
+    return directory
+
+
+def one_line_error(capsys):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("attnkit: error:"), err
+    assert "Traceback" not in err
+    return err
+
+
+def test_train_writes_a_model_that_translate_reloads(model_dir, capsys):
+    assert sorted(os.listdir(model_dir)) == ["model.keras", "translator.json"]
+    texts = ["March 3, 2021", "3/3/21"]
+    assert cli.main(["translate", "--model", str(model_dir), *texts]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    expected = DateTranslator.load(model_dir).translate(texts)
+    assert lines == [f"{t}\t{o}" for t, o in zip(texts, expected)]
+
+
+def test_translate_reads_a_file_and_stdin(model_dir, tmp_path, monkeypatch, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("March 3, 2021\n\n3/3/21\n", encoding="utf-8")
+    assert cli.main(["translate", "--model", str(model_dir), "--input", str(source)]) == 0
+    from_file = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in from_file] == ["March 3, 2021", "3/3/21"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("March 3, 2021\n3/3/21\n"))
+    assert cli.main(["translate", "--model", str(model_dir), "--input", "-", "--beam", "2"]) == 0
+    assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == ["March 3, 2021", "3/3/21"]
+
+
+def test_train_refuses_to_overwrite_without_force(model_dir, capsys):
+    before = (model_dir / "model.keras").stat().st_mtime_ns
+    assert cli.main(["train", *TINY, "--output-dir", str(model_dir)]) == 2
+    assert "model.keras already exists; pass --force" in one_line_error(capsys)
+    assert (model_dir / "model.keras").stat().st_mtime_ns == before
+
+
+def test_demo_writes_the_picture_and_the_model(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert cli.main(["demo", *TINY, "--output-dir", str(out), "--examples", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "validation exact match" in printed and "cross-attention picture" in printed
+    picture = out / "cross_attention.png"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "model.keras").is_file()
+    assert cli.main(["demo", *TINY, "--output-dir", str(out)]) == 2  # no silent overwrite
+    assert "already exists; pass --force" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["translate", "--model", "DIR", "x", "--bogus"], "unrecognized arguments: --bogus"),
+        (["translate", "--model", "/no/such/dir", "March 3, 2021"], "model directory /no/such/dir does not exist"),
+        (["translate", "--model", "DIR", "--input", "/no/such/file.txt"], "cannot read --input /no/such/file.txt"),
+        (["translate", "--model", "DIR"], "nothing to translate"),
+        (["translate", "--model", "DIR", "a", "--input", "f"], "not both"),
+        (["train", "--epochs", "0", "--output-dir", "x"], "must be a positive integer"),
+        (["train", "--d-model", "10", "--heads", "4", "--output-dir", "x"], "must be a multiple of --heads"),
+        (["train"], "required: --output-dir"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_nonzero_exit(argv, message, model_dir, capsys):
+    argv = [str(model_dir) if a == "DIR" else a for a in argv]
+    assert cli.main(argv) != 0
+    assert message in one_line_error(capsys)
+
+
+def test_an_unreadable_input_directory_and_a_model_dir_without_a_model(model_dir, tmp_path, capsys):
+    assert cli.main(["translate", "--model", str(model_dir), "--input", str(tmp_path)]) != 0
+    assert "cannot read --input" in one_line_error(capsys)
+    assert cli.main(["translate", "--model", str(tmp_path), "March 3, 2021"]) != 0
+    assert "No model.keras in model directory" in one_line_error(capsys)
+
+
+def test_the_installed_command_prints_no_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "attnkit.cli", "translate", "--model", str(tmp_path / "missing"), "x"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("attnkit: error: model directory")
