@@ -20,7 +20,7 @@ install-dev: $(PY)
 	$(INSTALL) -e ".[torch,jax,tensorflow,dev]"
 
 demo: install
-	$(VENV)/bin/attnkit demo
+	$(VENV)/bin/attnkit demo --output-dir runs/demo --force
 
 test: install-dev
 	@set -e; for b in $(BACKENDS); do \
