@@ -4,16 +4,22 @@ Runs on PyTorch (default), JAX and TensorFlow. Masks: True = may attend (see `at
 """
 
 from attnkit import _backend  # noqa: F401  (must run before Keras is imported)
-from attnkit.layers import AdditiveAttention, DotProductAttention, MultiHeadAttention
 from attnkit.layers import (
+    AdditiveAttention,
     AddNormalization,
+    Decoder,
+    DecoderLayer,
+    DotProductAttention,
     Encoder,
     EncoderLayer,
     FeedForward,
+    MultiHeadAttention,
     PositionEmbeddingFixedWeights,
     SinusoidalPositionEncoding,
 )
 from attnkit.models import BertEncoder, PretrainedEncoder, load_pretrained
+from attnkit.models.decoding import Decoded, beam_search, greedy_decode
+from attnkit.models.transformer import Transformer
 from attnkit.ops import (
     MaskDtypeError,
     causal_mask,
@@ -32,6 +38,9 @@ __all__ = [
     "AddNormalization",
     "AdditiveAttention",
     "BertEncoder",
+    "Decoded",
+    "Decoder",
+    "DecoderLayer",
     "DotProductAttention",
     "Encoder",
     "EncoderLayer",
@@ -41,11 +50,14 @@ __all__ = [
     "PositionEmbeddingFixedWeights",
     "PretrainedEncoder",
     "SinusoidalPositionEncoding",
+    "Transformer",
+    "beam_search",
     "causal_mask",
     "combine_masks",
     "from_hide_mask",
     "from_key_padding_mask",
     "fused_attention",
+    "greedy_decode",
     "load_pretrained",
     "padding_mask",
     "scaled_dot_product_attention",

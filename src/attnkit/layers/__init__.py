@@ -2,6 +2,8 @@
 
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.additive_attention import AdditiveAttention
+from attnkit.layers.decoder import Decoder
+from attnkit.layers.decoder_layer import DecoderLayer
 from attnkit.layers.dot_product_attention import DotProductAttention
 from attnkit.layers.encoder import Encoder
 from attnkit.layers.encoder_layer import EncoderLayer
@@ -13,6 +15,8 @@ from attnkit.layers.sinusoidal_position_encoding import SinusoidalPositionEncodi
 __all__ = [
     "AddNormalization",
     "AdditiveAttention",
+    "Decoder",
+    "DecoderLayer",
     "DotProductAttention",
     "Encoder",
     "EncoderLayer",
