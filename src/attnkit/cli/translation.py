@@ -1,7 +1,7 @@
 """The `attnkit demo`, `train` and `translate` commands: a Transformer on the embedded date task.
 
     attnkit demo                   train, report exact match, translate held-out dates, draw the cross-attention
-    attnkit train --output-dir D   train and save a model into D
+    attnkit train --output-dir D   train and save a model into D (--data-parallel: over all devices)
     attnkit translate --model D    translate texts (arguments, a file, or stdin) with a saved model
 
 User errors raise `CommandError`, printed as one line.
@@ -53,6 +53,10 @@ def _training_options(parser, default_dir):
     )
     parser.add_argument("--force", action="store_true", help="overwrite files already in the output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--data-parallel", action="store_true",
+        help="train over all local devices (jax or tensorflow backend; --batch-size stays the global batch)",
+    )
 
 
 def _config(args):
@@ -81,7 +85,9 @@ def _fit(args):
     from attnkit.translation import train_dates
 
     start = time.perf_counter()
-    translator, validation, _ = train_dates(_config(args), verbose=0 if args.quiet else 1)
+    translator, validation, _ = train_dates(
+        _config(args), verbose=0 if args.quiet else 1, data_parallel=args.data_parallel
+    )
     return translator, validation, time.perf_counter() - start
 
 
