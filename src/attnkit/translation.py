@@ -139,6 +139,7 @@ def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_paral
         ValueError: `data_parallel` on the torch backend, or a batch size that does not split evenly.
     """
     plan = data_parallel_plan() if data_parallel else single_device_plan()
+    batch_size = plan.local_batch_size(config.batch_size)  # this process's share of the global batch
     keras.utils.set_random_seed(config.seed)
     tokenizer = dates.CharTokenizer()
     train, validation = dates.train_validation_split(config.n_train, config.n_validation, seed=config.seed)
@@ -156,7 +157,7 @@ def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_paral
         callbacks = [_TimeBudget(time_budget)] if time_budget else []
         history = model.fit(
             (source, decoder_input), decoder_target, sample_weight=weights,
-            batch_size=plan.local_batch_size(config.batch_size), epochs=config.epochs,
+            batch_size=batch_size, epochs=config.epochs,
             validation_data=((val[0], val[1]), val[2], val[3]), verbose=verbose, callbacks=callbacks, shuffle=True,
         )
     return DateTranslator(model, tokenizer, config.source_length), validation, history
