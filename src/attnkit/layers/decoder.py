@@ -95,6 +95,12 @@ class Decoder(keras.layers.Layer):
         if self.final_norm is not None:
             self.final_norm.build(x_shape)
 
+    def __call__(self, *args, **kwargs):
+        if len(args) == 5 and "training" not in kwargs:
+            # The seeds pass `training` positionally; Keras resolves it only as a keyword.
+            *args, kwargs["training"] = args
+        return super().__call__(*args, **kwargs)
+
     def call(
         self, output_target, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *,
         return_attention_weights=False,

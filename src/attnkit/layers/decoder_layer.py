@@ -89,12 +89,18 @@ class DecoderLayer(keras.layers.Layer):
         for norm in self.norms:
             norm.build(x_shape)
 
+    def __call__(self, *args, **kwargs):
+        if len(args) == 5 and "training" not in kwargs:
+            # The seeds pass `training` positionally; Keras resolves it only as a keyword.
+            *args, kwargs["training"] = args
+        return super().__call__(*args, **kwargs)
+
     def call(
         self, x, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *,
         return_attention_weights=False,
     ):
         self._check(x, encoder_output)
-        self_mask = key_padding(x, lookahead_mask)  # (B, 1, T) or None
+        self_mask = key_padding(x, lookahead_mask, "lookahead_mask")  # (B, 1, T) or None
         cross_mask = None if padding_mask is None else key_padding(encoder_output, padding_mask)  # (B, 1, S)
 
         def self_attend(q):
@@ -128,6 +134,7 @@ class DecoderLayer(keras.layers.Layer):
             (output (B, T_new, d_model), new cache (k, v) including the new positions), plus the
             cross-attention weights when asked.
         """
+        x = ops.convert_to_tensor(x)  # a plain method, not `__call__`: Keras does not convert NumPy here
         cross_mask = None if padding_mask is None else ops.expand_dims(ops.cast(padding_mask, "bool"), 1)
         new_cache = []
 

@@ -21,19 +21,22 @@ from attnkit.layers.multi_head_attention import MultiHeadAttention
 from attnkit.ops.masks import _shape_str, as_bool_mask
 
 
-def key_padding(x, padding_mask):
-    """The (B, 1, T) attention mask from a (B, T) keep-mask, or from the Keras mask of `x`; or None."""
+def key_padding(x, padding_mask, name="padding_mask"):
+    """The (B, 1, T) attention mask from a (B, T) keep-mask, or from the Keras mask of `x`; or None.
+
+    `name` is the argument's name in the error messages.
+    """
     if padding_mask is None:
         padding_mask = keras_mask_of(x)
         if padding_mask is None:
             return None
-    padding_mask = as_bool_mask(padding_mask, "padding_mask")
+    padding_mask = as_bool_mask(padding_mask, name)
     expected = tuple(x.shape[:2])
     shape = tuple(padding_mask.shape)
     if len(shape) != 2 or any(a is not None and b is not None and a != b for a, b in zip(shape, expected)):
         raise ValueError(
-            f"`padding_mask` must have shape (batch, length) = {_shape_str(expected)}, True at real "
-            f"tokens. Received: padding_mask.shape={_shape_str(shape)}"
+            f"`{name}` must have shape (batch, length) = {_shape_str(expected)}, True at real "
+            f"tokens. Received: {name}.shape={_shape_str(shape)}"
         )
     # (B, T) -> (B, 1, T): every query sees the same keys. A 2-D mask would be ambiguous when B == T.
     return ops.expand_dims(padding_mask, 1)
