@@ -21,3 +21,20 @@ def markdown_table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def interleaved_medians(runs, *, rounds=7, warmup=1):
+    """Median wall time of each of `runs` (name -> fn), timed in turn A, B, A, B, ... per round.
+
+    Interleaving gives every implementation the same share of a machine whose load changes.
+    """
+    for fn in runs.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}

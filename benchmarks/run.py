@@ -1,0 +1,134 @@
+"""attnkit against its anchors: one Markdown table (`make bench`).
+
+    python benchmarks/run.py [--quick] [--backends torch,jax,tensorflow]
+
+Each row: attnkit's median time and the anchor's, measured in turn (A, B, A, B, ...) in the same
+process; their ratio (anchor / attnkit: > 1 means attnkit is faster); and attnkit's achieved GFLOP/s
+as a fraction of the practical peak, a large matmul (2048^3) timed in this run in float32 and in
+bfloat16. The torch rows run here; the jax and tensorflow rows run in child processes with
+KERAS_BACKEND set (`--child`), which print their rows as JSON. The long-sequence rows run one
+process per case so that each peak memory is its own.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LONG_T = 16384
+
+
+def matmul_peaks(repeats):
+    """Practical peak GFLOP/s of torch.mm on (2048, 2048) matrices, torch.nn.Linear's layout (A @ B^T): {"float32": ..., "bfloat16": ...}."""
+    import torch
+    from timing import median_seconds
+
+    n, peaks = 2048, {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype).t()
+        seconds = median_seconds(lambda: torch.mm(a, b), warmup=1, repeats=repeats)
+        peaks[str(dtype).removeprefix("torch.")] = 2 * n**3 / seconds / 1e9
+    return peaks
+
+
+def long_sequence_rows(rounds):
+    """T=16384 self-attention: attnkit.ops.fused_attention vs torch SDPA, time and peak memory."""
+    def case(name):
+        out = subprocess.run([sys.executable, os.path.join(HERE, "long_attention.py"), name, "--T", str(LONG_T)],
+                             capture_output=True, text=True, check=True, env={**os.environ, "KERAS_BACKEND": "torch"})
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    results = {"attnkit": [], "torch": []}
+    for _ in range(rounds):
+        for name in results:
+            results[name].append(case(name))
+    refused = case("explicit")
+    seconds = {n: statistics.median(r["seconds"] for r in rs) for n, rs in results.items()}
+    peak = {n: statistics.median(r["peak_bytes"] for r in rs) / 2**20 for n, rs in results.items()}
+    gflop = 4 * 8 * LONG_T * LONG_T * 64 / 1e9
+    explicit = "explicit path (weights): " + ("refused, " + refused["error"].split(",")[0].split("tensor of ")[1]
+                                              if refused["error"] else "NOT refused")
+    workload = f"Self-attention B=1 h=8 T={LONG_T} d_k=64"
+    return [
+        dict(workload=workload, backend="torch", dtype="float32", attnkit_s=seconds["attnkit"],
+             anchor="torch SDPA", anchor_s=seconds["torch"], gflop=gflop,
+             note=f"peak memory {peak['attnkit']:.0f} MiB vs {peak['torch']:.0f} MiB; {explicit}"),
+    ]
+
+
+def child_rows(backend, rounds):
+    out = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(rounds)], capture_output=True,
+                         text=True, env={**os.environ, "KERAS_BACKEND": backend})
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return [dict(workload=f"({backend} rows failed: {tail})", backend=backend, dtype="", attnkit_s=None,
+                     anchor="", anchor_s=None, gflop=None, note="")]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(rows, peaks):
+    from timing import markdown_table
+
+    lines = []
+    for r in rows:
+        ours, theirs = r["attnkit_s"], r["anchor_s"]
+        if ours is None:
+            lines.append([r["workload"], r["backend"], "", "", "", "", "", "", r["note"]])
+            continue
+        achieved = r["gflop"] / ours
+        peak = peaks["bfloat16" if r["dtype"] == "bfloat16" else "float32"]
+        lines.append([
+            r["workload"], r["backend"], r["dtype"], f"{ours * 1e3:.1f}", r["anchor"], f"{theirs * 1e3:.1f}",
+            f"**{theirs / ours:.2f}x**", f"{achieved:.0f} ({achieved / peak:.0%})", r["note"],
+        ])
+    header = ["workload", "backend", "dtype", "attnkit ms", "anchor", "anchor ms", "anchor/attnkit",
+              "attnkit GFLOP/s (of peak)", "note"]
+    return markdown_table(header, lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (about 3 times faster, noisier)")
+    parser.add_argument("--backends", default="torch,jax,tensorflow")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sys.path.insert(0, HERE)
+    rounds = args.rounds or (1 if args.quick else 3)
+    if args.child:
+        import workloads
+
+        print(json.dumps(workloads.all_rows(rounds)))
+        return
+
+    os.environ["KERAS_BACKEND"] = "torch"
+    import torch
+    import workloads
+
+    backends = args.backends.split(",")
+    load_before = os.getloadavg()
+    peaks = matmul_peaks(2 if args.quick else 3)
+    rows = workloads.all_rows(rounds) if "torch" in backends else []
+    if "torch" in backends:
+        rows += long_sequence_rows(1 if args.quick else 2)
+    for backend in backends:
+        if backend != "torch":
+            rows += child_rows(backend, rounds)
+    later_peaks = matmul_peaks(2 if args.quick else 3)
+    peaks = {dtype: max(peaks[dtype], later_peaks[dtype]) for dtype in peaks}  # the practical peak
+    load_after = os.getloadavg()
+
+    print(f"attnkit benchmarks: {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
+          f"{'quick, ' if args.quick else ''}{rounds} interleaved rounds per workload, medians")
+    print(f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    print(f"practical peak (torch.mm 2048^3, A @ B^T): float32 {peaks['float32']:.0f} GFLOP/s, "
+          f"bfloat16 {peaks['bfloat16']:.0f} GFLOP/s\n")
+    print(table(rows, peaks))
+
+
+if __name__ == "__main__":
+    main()

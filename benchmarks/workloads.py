@@ -1,0 +1,240 @@
+"""The workloads of `run.py`: attnkit and its anchor timed in turn in this process, on this backend.
+
+Every function returns a list of rows, dicts with: workload, backend, dtype, attnkit_s, anchor,
+anchor_s, gflop (floating-point work of one call, in 1e9 multiply-adds x 2), note. The anchors are
+PyTorch modules (whatever the Keras backend) or Keras's own layers on the current backend.
+
+Legend: B batch, T length, h heads, d_k per-head width, D (d_model), d_ff inner width, n layers.
+"""
+
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import attnkit  # noqa: E402,F401  (chooses the Keras backend before keras is imported)
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from timing import interleaved_medians  # noqa: E402
+
+BACKEND = keras.backend.backend()
+
+
+def row(workload, dtype, attnkit_s, anchor, anchor_s, gflop, note=""):
+    return dict(workload=workload, backend=BACKEND, dtype=dtype, attnkit_s=attnkit_s, anchor=anchor,
+                anchor_s=anchor_s, gflop=gflop, note=note)
+
+
+def layer_gflop(B, T_q, T_k, D, d_ff, attentions=1):
+    """Forward GFLOP of one Transformer layer: 4 projections and the scores/weights matmuls per
+    attention, then the feed-forward network."""
+    attention = 2 * B * T_q * D * D * 2 + 2 * B * T_k * D * D * 2 + 4 * B * T_q * T_k * D
+    return (attentions * attention + 4 * B * T_q * D * d_ff) / 1e9
+
+
+def keras_forward_backward(layer, x, n_inputs=1):
+    """fn() running forward and backward of `layer(x, ..., x)` (`n_inputs` times x) as a user of this
+    backend would: eager autograd on torch, a `tf.function` with a GradientTape on tensorflow,
+    `jax.jit(jax.grad)` of a stateless call on jax. Gradients w.r.t. the weights and x."""
+    if BACKEND == "torch":
+        x = torch.as_tensor(x).requires_grad_(True)
+        return lambda: layer(*[x] * n_inputs).sum().backward()
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.constant(x)
+
+        @tf.function
+        def tf_step():
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(layer(*[x] * n_inputs))
+            return tape.gradient(loss, [x] + layer.trainable_variables)
+
+        return lambda: tf_step()[0].numpy()
+    import jax
+
+    trainable = [v.value for v in layer.trainable_variables]
+    others = [v.value for v in layer.non_trainable_variables]
+
+    def loss(trainable, x):
+        return jax.numpy.sum(layer.stateless_call(trainable, others, *[x] * n_inputs)[0])
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    x = jax.numpy.asarray(x)
+    return lambda: jax.block_until_ready(grad(trainable, x))
+
+
+def keras_inference(fn, x):
+    """fn() running `fn(x)` eagerly on torch (as a user calls a layer; autograd on), compiled on jax
+    (`jax.jit`, the weights captured as constants) and tensorflow (`tf.function`)."""
+    if BACKEND == "torch":
+        x = torch.as_tensor(x)
+        return lambda: fn(x)
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        compiled, x = tf.function(fn), tf.constant(x)
+        return lambda: compiled(x).numpy()
+    import jax
+
+    compiled, x = jax.jit(fn), jax.numpy.asarray(x)
+    return lambda: jax.block_until_ready(compiled(x))
+
+
+def mha(rounds):
+    """MultiHeadAttention forward+backward, B=32, T=128, D=512, h=8, float32."""
+    B, T, D, h = 32, 128, 512, 8
+    x = np.random.default_rng(0).normal(size=(B, T, D)).astype("float32")
+    ours = attnkit.MultiHeadAttention(h, D // h, D // h, D)
+    theirs_keras = keras.layers.MultiHeadAttention(num_heads=h, key_dim=D // h)
+    ours(x), theirs_keras(x, x)
+    theirs_torch = torch.nn.MultiheadAttention(D, h, batch_first=True)
+    xt = torch.from_numpy(x).requires_grad_(True)
+
+    def torch_step():
+        theirs_torch(xt, xt, xt, need_weights=False)[0].sum().backward()
+
+    times = interleaved_medians({
+        "attnkit": keras_forward_backward(ours, x),
+        "torch": torch_step,
+        "keras": keras_forward_backward(theirs_keras, x, n_inputs=2),
+    }, rounds=rounds)
+    gflop = 3 * layer_gflop(B, T, T, D, 0)  # backward ~ twice the forward
+    name = f"MHA fwd+bwd B={B} T={T} d_model={D} h={h}"
+    return [row(name, "float32", times["attnkit"], "torch.nn.MultiheadAttention", times["torch"], gflop),
+            row(name, "float32", times["attnkit"], f"keras.layers.MultiHeadAttention ({BACKEND})", times["keras"], gflop)]
+
+
+def encoder(rounds, policy):
+    """Encoder inference, n=6, D=512, h=8, d_ff=2048, B=16, T=128, vs torch.nn.TransformerEncoder."""
+    B, T, D, h, d_ff, n = 16, 128, 512, 8, 2048, 6
+    if policy == "mixed_bfloat16":
+        # bfloat16 matmuls run at 1-10 GFLOP/s on this machine's torch build (see docs/performance.md):
+        # B=16 would take minutes per call, so the bfloat16 row uses B=1.
+        B = 1
+    x = np.random.default_rng(0).normal(size=(B, T, D)).astype("float32")
+    keras.config.set_dtype_policy(policy)
+    try:
+        ours = attnkit.Encoder(100, T, h, D // h, D // h, D, d_ff, n, 0.1)
+        ours.build((B, T))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    layer = torch.nn.TransformerEncoderLayer(D, h, d_ff, dropout=0.1, batch_first=True)
+    theirs = torch.nn.TransformerEncoder(layer, n, enable_nested_tensor=False).eval()
+    xt = torch.from_numpy(x)
+    half = policy == "mixed_bfloat16"
+
+    def torch_run():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+            theirs(xt)
+
+    run = keras_inference(lambda x: ours.encode(x, training=False), x)
+    times = interleaved_medians({"attnkit": run, "torch": torch_run}, rounds=rounds)
+    anchor = "torch.nn.TransformerEncoder (eval, no_grad" + (", autocast bf16)" if half else ")")
+    note = "attnkit called as encoder.encode(x, training=False)" + (
+        ", autograd on" if BACKEND == "torch" else ", compiled")
+    return [row(f"Encoder inference n={n} B={B} T={T} d_model={D}", "bfloat16" if half else "float32",
+                times["attnkit"], anchor, times["torch"], n * layer_gflop(B, T, T, D, d_ff), note)]
+
+
+class TorchSeq2Seq(torch.nn.Module):
+    """The demo model's architecture in plain PyTorch: embeddings * sqrt(D) + sinusoids, nn.Transformer
+    (post-LN, relu), a linear layer to the vocabulary."""
+
+    def __init__(self, vocab, D, h, d_ff, n, rate, max_len, pad):
+        super().__init__()
+        self.D, self.pad = D, pad
+        self.src_emb, self.tgt_emb = torch.nn.Embedding(vocab, D), torch.nn.Embedding(vocab, D)
+        pos = np.arange(max_len)[:, None] / 10000 ** (np.arange(0, D, 2) / D)
+        pe = np.zeros((max_len, D), "float32")
+        pe[:, 0::2], pe[:, 1::2] = np.sin(pos), np.cos(pos)
+        self.register_buffer("pe", torch.from_numpy(pe))
+        self.transformer = torch.nn.Transformer(D, h, n, n, d_ff, rate, batch_first=True)
+        self.out = torch.nn.Linear(D, vocab)
+
+    def embed(self, emb, ids):
+        return torch.nn.functional.dropout(emb(ids) * self.D**0.5 + self.pe[: ids.shape[1]], 0.1, self.training)
+
+    def forward(self, src, tgt):
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        y = self.transformer(
+            self.embed(self.src_emb, src), self.embed(self.tgt_emb, tgt), tgt_mask=causal, tgt_is_causal=True,
+            src_key_padding_mask=src == self.pad, tgt_key_padding_mask=tgt == self.pad,
+            memory_key_padding_mask=src == self.pad,
+        )
+        return self.out(y)
+
+
+def training_step(rounds):
+    """One train_on_batch of the demo model (batch 128) vs the same architecture in PyTorch, AdamW."""
+    from attnkit.tasks.dates import CharTokenizer, train_validation_split
+    from attnkit.translation import TrainConfig, build_model, make_arrays
+
+    config, tokenizer, batch = TrainConfig(), CharTokenizer(), 128
+    pairs, _ = train_validation_split(batch, 1, seed=0)
+    source, dec_in, dec_out, weights = make_arrays(pairs, tokenizer, config.source_length)
+    keras.utils.set_random_seed(0)
+    model = build_model(config, tokenizer)
+    model.compile(optimizer=keras.optimizers.AdamW(config.learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    theirs = TorchSeq2Seq(tokenizer.vocab_size, config.d_model, config.h, config.d_ff, config.n, config.rate,
+                          config.source_length, tokenizer.PAD).train()
+    optimizer = torch.optim.AdamW(theirs.parameters(), lr=config.learning_rate)
+    src, tgt_in, tgt_out, w = (torch.from_numpy(np.asarray(a)) for a in (source, dec_in, dec_out, weights))
+    src, tgt_in, tgt_out = src.long(), tgt_in.long(), tgt_out.long()
+
+    def torch_step():
+        optimizer.zero_grad()
+        logits = theirs(src, tgt_in)
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tgt_out, reduction="none")
+        ((losses * w).sum() / w.numel()).backward()
+        optimizer.step()
+
+    times = interleaved_medians({
+        "attnkit": lambda: model.train_on_batch((source, dec_in), dec_out, sample_weight=weights),
+        "torch": torch_step,
+    }, rounds=max(rounds, 3), warmup=3)
+    S, T, D, d_ff, n = config.source_length, dec_in.shape[1], config.d_model, config.d_ff, config.n
+    forward = n * layer_gflop(batch, S, S, D, d_ff) + n * (
+        layer_gflop(batch, T, T, D, d_ff) + layer_gflop(batch, T, S, D, 0)) + 2 * batch * T * D * tokenizer.vocab_size / 1e9
+    return [row(f"Train step, demo model (d_model={D}, n={n}), batch {batch}", "float32", times["attnkit"],
+                "nn.Transformer + AdamW", times["torch"], 3 * forward, "model.train_on_batch")]
+
+
+def embeddings(rounds):
+    """Pretrained all-MiniLM-L6-v2 sentence embeddings, 256 sentences, batch 64, vs sentence-transformers."""
+    from embeddings import sentences
+    from sentence_transformers import SentenceTransformer
+
+    texts, batch = sentences(256), 64
+    ours = attnkit.load_pretrained()
+    theirs = SentenceTransformer(ours.path, device="cpu")
+    warnings.simplefilter("ignore", UserWarning)
+    times = interleaved_medians({
+        "attnkit": lambda: ours.encode(texts, batch_size=batch),
+        "torch": lambda: theirs.encode(texts, batch_size=batch, convert_to_numpy=True),
+    }, rounds=rounds)
+    _, mask, _ = ours.tokenize(texts)
+    lengths = np.sort(mask.sum(axis=1))[::-1]
+    D, d_ff, n = 384, 1536, 6
+    gflop = sum(n * layer_gflop(len(chunk), int(chunk[0]), int(chunk[0]), D, d_ff)
+                for chunk in (lengths[i:i + batch] for i in range(0, len(lengths), batch)))
+    return [row(f"MiniLM-L6 embeddings, {len(texts)} sentences, batch {batch}", "float32", times["attnkit"],
+                "sentence-transformers", times["torch"], gflop)]
+
+
+def all_rows(rounds):
+    """Every workload's rows, each workload's wall time reported on stderr as it finishes."""
+    import time
+
+    rows = []
+    for name, run in (("mha", mha), ("encoder float32", lambda r: encoder(r, "float32")),
+                      ("encoder bfloat16", lambda r: encoder(r, "mixed_bfloat16")),
+                      ("training step", training_step), ("embeddings", lambda r: embeddings(max(2, r // 2)))):
+        t0 = time.perf_counter()
+        rows += run(rounds)
+        print(f"[{BACKEND}] {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return rows
