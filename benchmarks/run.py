@@ -49,8 +49,8 @@ def long_sequence_rows(rounds):
     seconds = {n: statistics.median(r["seconds"] for r in rs) for n, rs in results.items()}
     peak = {n: statistics.median(r["peak_bytes"] for r in rs) / 2**20 for n, rs in results.items()}
     gflop = 4 * 8 * LONG_T * LONG_T * 64 / 1e9
-    explicit = "explicit path (weights): " + ("refused, " + refused["error"].split(",")[0].split("tensor of ")[1]
-                                              if refused["error"] else "NOT refused")
+    size = refused["error"] and refused["error"].split("tensor of shape ")[1].split(", above")[0]
+    explicit = "explicit path (weights): " + (f"refused before allocating {size}" if size else "NOT refused")
     workload = f"Self-attention B=1 h=8 T={LONG_T} d_k=64"
     return [
         dict(workload=workload, backend="torch", dtype="float32", attnkit_s=seconds["attnkit"],
