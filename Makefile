@@ -25,7 +25,9 @@ demo: install
 test: install-dev
 	@set -e; for b in $(BACKENDS); do \
 		echo "=== KERAS_BACKEND=$$b ==="; \
+		start=$$(date +%s); \
 		KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider tests; \
+		echo "=== KERAS_BACKEND=$$b took $$(( $$(date +%s) - start )) s ==="; \
 	done
 
 bench: install-dev

@@ -30,7 +30,7 @@ TARGET_LENGTH = 12  # start + "YYYY-MM-DD" + end
 class TrainConfig:
     """Sizes and schedule of the demo model (the defaults are the demo's)."""
 
-    epochs: int = 6
+    epochs: int = 7
     batch_size: int = 128
     n_train: int = 16000
     n_validation: int = 1000
