@@ -82,3 +82,10 @@ def test_tokenizer_round_trip_and_specials():
     with pytest.raises(ValueError, match="more than length=3"):
         tok.encode("2021-03-03", 3)
     assert dates.CharTokenizer(tok.alphabet).vocab_size == tok.vocab_size
+
+
+def test_display_tokens_stop_at_the_end_token():
+    tok = dates.CharTokenizer()
+    ids = tok.encode("2021", 8, end=True)  # 2 0 2 1 </s> <pad> <pad> <pad>
+    assert tok.display_tokens(ids) == ["2", "0", "2", "1", "</s>"]
+    assert tok.display_tokens(ids[:3]) == ["2", "0", "2"]  # no end token: one label per id

@@ -121,7 +121,7 @@ def _demo(args):
     translator.save(args.output_dir, overwrite=args.force)
     cross = results[0].cross_attention[-1][0]  # last decoder layer, first example: (h, T_out, S)
     source_tokens = list(sources[0])
-    output_tokens = list(outputs[0]) + ["</s>"]
+    output_tokens = translator.tokenizer.display_tokens(results[0].ids[0])  # one per decoding step
     cross = cross[:, : len(output_tokens), : len(source_tokens)]
     plot_path = os.path.join(args.output_dir, PLOT_FILE)
     plot_attention(

@@ -114,9 +114,14 @@ class CharTokenizer:
                 chars.append("?")
         return "".join(chars)
 
-    def tokens(self, text):
-        """The display tokens of `text` (one per character), for attention plots."""
-        return list(text)
+    def display_tokens(self, ids):
+        """One label per generated id, up to and including the end token, for attention plots."""
+        labels = []
+        for i in np.asarray(ids).tolist():
+            labels.append(self.SPECIALS[i] if i < len(self.SPECIALS) else self.alphabet[i - len(self.SPECIALS)])
+            if i == self.END:
+                break
+        return labels
 
     def get_config(self):
         return {"alphabet": self.alphabet}
