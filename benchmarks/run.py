@@ -19,6 +19,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LONG_T = 16384
+# workloads.WORKLOADS, run in every backend, then the torch-only T=LONG_T row (run.py imports workloads
+# only after choosing the backend).
+WORKLOAD_NAMES = ("mha", "encoder-float32", "encoder-bfloat16", "training-step", "embeddings", "long-attention")
 
 
 def matmul_peaks(repeats):
@@ -59,9 +62,9 @@ def long_sequence_rows(rounds):
     ]
 
 
-def child_rows(backend, rounds):
-    out = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(rounds)], capture_output=True,
-                         text=True, env={**os.environ, "KERAS_BACKEND": backend})
+def child_rows(backend, rounds, names):
+    out = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(rounds), "--workloads", names],
+                         capture_output=True, text=True, env={**os.environ, "KERAS_BACKEND": backend})
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
         return [dict(workload=f"({backend} rows failed: {tail})", backend=backend, dtype="", attnkit_s=None,
@@ -93,15 +96,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (about 3 times faster, noisier)")
     parser.add_argument("--backends", default="torch,jax,tensorflow")
+    parser.add_argument("--workloads", default=",".join(WORKLOAD_NAMES),
+                        help=f"comma-separated subset of {','.join(WORKLOAD_NAMES)} (default all)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, HERE)
     rounds = args.rounds or (1 if args.quick else 3)
+    names = [n for n in args.workloads.split(",") if n]
+    unknown = sorted(set(names) - set(WORKLOAD_NAMES))
+    if unknown:
+        parser.error(f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOAD_NAMES)}")
     if args.child:
         import workloads
 
-        print(json.dumps(workloads.all_rows(rounds)))
+        print(json.dumps(workloads.all_rows(rounds, [n for n in names if n != "long-attention"])))
         return
 
     os.environ["KERAS_BACKEND"] = "torch"
@@ -111,12 +120,12 @@ def main():
     backends = args.backends.split(",")
     load_before = os.getloadavg()
     peaks = matmul_peaks(2 if args.quick else 3)
-    rows = workloads.all_rows(rounds) if "torch" in backends else []
-    if "torch" in backends:
+    rows = workloads.all_rows(rounds, [n for n in names if n != "long-attention"]) if "torch" in backends else []
+    if "torch" in backends and "long-attention" in names:
         rows += long_sequence_rows(1 if args.quick else 2)
     for backend in backends:
         if backend != "torch":
-            rows += child_rows(backend, rounds)
+            rows += child_rows(backend, rounds, args.workloads)
     later_peaks = matmul_peaks(2 if args.quick else 3)
     peaks = {dtype: max(peaks[dtype], later_peaks[dtype]) for dtype in peaks}  # the practical peak
     load_after = os.getloadavg()

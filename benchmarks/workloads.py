@@ -111,10 +111,6 @@ def mha(rounds):
 def encoder(rounds, policy):
     """Encoder inference, n=6, D=512, h=8, d_ff=2048, B=16, T=128, vs torch.nn.TransformerEncoder."""
     B, T, D, h, d_ff, n = 16, 128, 512, 8, 2048, 6
-    if policy == "mixed_bfloat16":
-        # bfloat16 matmuls run at 1-10 GFLOP/s on this machine's torch build (see docs/performance.md):
-        # B=16 would take minutes per call, so the bfloat16 row uses B=1.
-        B = 1
     x = np.random.default_rng(0).normal(size=(B, T, D)).astype("float32")
     keras.config.set_dtype_policy(policy)
     try:
@@ -226,15 +222,22 @@ def embeddings(rounds):
                 "sentence-transformers", times["torch"], gflop)]
 
 
-def all_rows(rounds):
-    """Every workload's rows, each workload's wall time reported on stderr as it finishes."""
+WORKLOADS = {
+    "mha": mha,
+    "encoder-float32": lambda rounds: encoder(rounds, "float32"),
+    "encoder-bfloat16": lambda rounds: encoder(rounds, "mixed_bfloat16"),
+    "training-step": lambda rounds: training_step(rounds),
+    "embeddings": lambda rounds: embeddings(max(2, rounds // 2)),
+}
+
+
+def all_rows(rounds, names=tuple(WORKLOADS)):
+    """The rows of the workloads `names` (default all), each one's wall time reported on stderr."""
     import time
 
     rows = []
-    for name, run in (("mha", mha), ("encoder float32", lambda r: encoder(r, "float32")),
-                      ("encoder bfloat16", lambda r: encoder(r, "mixed_bfloat16")),
-                      ("training step", training_step), ("embeddings", lambda r: embeddings(max(2, r // 2)))):
+    for name in names:
         t0 = time.perf_counter()
-        rows += run(rounds)
+        rows += WORKLOADS[name](rounds)
         print(f"[{BACKEND}] {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return rows

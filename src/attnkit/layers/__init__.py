@@ -8,6 +8,7 @@ from attnkit.layers.dot_product_attention import DotProductAttention
 from attnkit.layers.encoder import Encoder
 from attnkit.layers.encoder_layer import EncoderLayer
 from attnkit.layers.feed_forward import FeedForward
+from attnkit.layers.linear import Linear
 from attnkit.layers.multi_head_attention import MultiHeadAttention
 from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
 from attnkit.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
@@ -21,6 +22,7 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "Linear",
     "MultiHeadAttention",
     "PositionEmbeddingFixedWeights",
     "SinusoidalPositionEncoding",

@@ -13,6 +13,7 @@ from attnkit._validation import positive_int
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.ops.attention import masked_softmax
 from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
+from attnkit.layers.linear import Linear
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -48,9 +49,9 @@ class AdditiveAttention(keras.layers.Layer):
         self.units = positive_int("units", units)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         dense = dict(use_bias=False, kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy)
-        self.W_q = keras.layers.Dense(self.units, name="W_q", **dense)
-        self.W_k = keras.layers.Dense(self.units, name="W_k", **dense)
-        self.v = keras.layers.Dense(1, name="v", **dense)
+        self.W_q = Linear(self.units, name="W_q", **dense)
+        self.W_k = Linear(self.units, name="W_k", **dense)
+        self.v = Linear(1, name="v", **dense)
         self.supports_masking = True
 
     def build(self, query_shape, key_shape=None, value_shape=None):

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_int
+from attnkit.layers.linear import Linear
 
 ACTIVATIONS = ("relu", "gelu")
 
@@ -54,8 +55,8 @@ class FeedForward(keras.layers.Layer):
         self.d_model = positive_int("d_model", d_model)
         self.activation = check_activation(activation)
         self.supports_masking = True
-        self.fully_connected1 = keras.layers.Dense(self.d_ff, name="fully_connected1", dtype=self.dtype_policy)
-        self.fully_connected2 = keras.layers.Dense(self.d_model, name="fully_connected2", dtype=self.dtype_policy)
+        self.fully_connected1 = Linear(self.d_ff, name="fully_connected1", dtype=self.dtype_policy)
+        self.fully_connected2 = Linear(self.d_model, name="fully_connected2", dtype=self.dtype_policy)
 
     def build(self, x_shape):
         self.fully_connected1.build(x_shape)

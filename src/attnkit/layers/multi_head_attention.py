@@ -11,7 +11,9 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_int, rate
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers.linear import Linear
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
+from attnkit.ops.linear import linear
 from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
 
 
@@ -78,10 +80,10 @@ class MultiHeadAttention(keras.layers.Layer):
             use_bias=self.use_bias, kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer, dtype=self.dtype_policy,
         )
-        self.W_q = keras.layers.Dense(self.h * self.d_k, name="W_q", **dense)
-        self.W_k = keras.layers.Dense(self.h * self.d_k, name="W_k", **dense)
-        self.W_v = keras.layers.Dense(self.h * self.d_v, name="W_v", **dense)
-        self.W_o = keras.layers.Dense(self.d_model, name="W_o", **dense)
+        self.W_q = Linear(self.h * self.d_k, name="W_q", **dense)
+        self.W_k = Linear(self.h * self.d_k, name="W_k", **dense)
+        self.W_v = Linear(self.h * self.d_v, name="W_v", **dense)
+        self.W_o = Linear(self.d_model, name="W_o", **dense)
 
     def build(self, queries_shape, keys_shape=None, values_shape=None):
         keys_shape = keys_shape or queries_shape
@@ -126,9 +128,10 @@ class MultiHeadAttention(keras.layers.Layer):
         three, a larger and faster matmul. The variables stay the three Dense layers' own."""
         dtype = self.compute_dtype
         kernel = ops.concatenate([ops.cast(d.kernel, dtype) for d in (self.W_q, self.W_k, self.W_v)], axis=-1)
-        qkv = ops.matmul(ops.cast(x, dtype), kernel)  # (B, T, h * (2 d_k + d_v))
+        bias = None
         if self.use_bias:
-            qkv = qkv + ops.concatenate([ops.cast(d.bias, dtype) for d in (self.W_q, self.W_k, self.W_v)])
+            bias = ops.concatenate([ops.cast(d.bias, dtype) for d in (self.W_q, self.W_k, self.W_v)])
+        qkv = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, h * (2 d_k + d_v))
         q, k, v = ops.split(qkv, [self.h * self.d_k, 2 * self.h * self.d_k], axis=-1)
         return self._split_heads(q, self.d_k), self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
 

@@ -11,6 +11,7 @@ from keras import ops
 from attnkit._validation import boolean
 from attnkit.layers.decoder import Decoder
 from attnkit.layers.encoder import Encoder
+from attnkit.layers.linear import Linear
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -55,7 +56,7 @@ class Transformer(keras.Model):
         )
         self.tie_weights = bool(boolean("tie_weights", tie_weights))
         if not self.tie_weights:
-            self.model_last_layer = keras.layers.Dense(dec_vocab_size, name="model_last_layer", dtype=self.dtype_policy)
+            self.model_last_layer = Linear(dec_vocab_size, name="model_last_layer", dtype=self.dtype_policy)
         self._config = dict(
             enc_vocab_size=enc_vocab_size, dec_vocab_size=dec_vocab_size, enc_seq_length=enc_seq_length,
             dec_seq_length=dec_seq_length, h=h, d_k=d_k, d_v=d_v, d_model=d_model, d_ff=d_ff, n=n, rate=rate,

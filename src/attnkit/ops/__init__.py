@@ -7,6 +7,7 @@ from attnkit.ops.attention import (
     scaled_dot_product_attention,
     set_max_scores_bytes,
 )
+from attnkit.ops.linear import linear
 from attnkit.ops.masks import (
     MaskDtypeError,
     broadcast_mask,
@@ -25,6 +26,7 @@ __all__ = [
     "from_hide_mask",
     "from_key_padding_mask",
     "fused_attention",
+    "linear",
     "masked_softmax",
     "max_scores_bytes",
     "padding_mask",
