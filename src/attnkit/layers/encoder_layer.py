@@ -15,6 +15,7 @@ from keras import ops
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.feed_forward import FeedForward, check_activation
 from attnkit.layers.multi_head_attention import MultiHeadAttention
@@ -134,21 +135,27 @@ class EncoderLayer(keras.layers.Layer):
                 f"`x` must have shape (batch, length, d_model={self.d_model}). Received: x.shape={_shape_str(x.shape)}"
             )
         mask = key_padding(x, padding_mask)  # (B, 1, T) or None
+        # The sub-layers are called without Keras's per-call bookkeeping (see `call_sublayer`).
         if self.norm_first:
-            attended, weights = self._attend(self.norm1(x), mask, training, return_attention_weights)  # (B, T, d_model)
-            x = x + self.dropout1(attended, training=training)
-            x = x + self.dropout2(self.feed_forward(self.norm2(x)), training=training)  # (B, T, d_model)
+            attended, weights = self._attend(call_sublayer(self.norm1, x), mask, training, return_attention_weights)
+            x = x + call_sublayer(self.dropout1, attended, training=training)  # (B, T, d_model)
+            ffn = call_sublayer(self.feed_forward, call_sublayer(self.norm2, x))
+            x = x + call_sublayer(self.dropout2, ffn, training=training)  # (B, T, d_model)
         else:
             attended, weights = self._attend(x, mask, training, return_attention_weights)  # (B, T, d_model)
-            x = self.add_norm1(x, self.dropout1(attended, training=training))
-            x = self.add_norm2(x, self.dropout2(self.feed_forward(x), training=training))  # (B, T, d_model)
+            x = call_sublayer(self.add_norm1, x, call_sublayer(self.dropout1, attended, training=training))
+            ffn = call_sublayer(self.feed_forward, x)
+            x = call_sublayer(self.add_norm2, x, call_sublayer(self.dropout2, ffn, training=training))  # (B, T, d_model)
         return (x, weights) if return_attention_weights else x
 
     def _attend(self, x, mask, training, with_weights):
         # Asking for the weights forces the explicit path; without them MHA may use the fused kernel.
+        # `mask` already holds x's Keras mask (see `key_padding`), so nothing is lost without __call__.
         if with_weights:
-            return self.multihead_attention(x, mask=mask, training=training, return_attention_weights=True)
-        return self.multihead_attention(x, mask=mask, training=training), None
+            return call_sublayer(
+                self.multihead_attention, x, mask=mask, training=training, return_attention_weights=True
+            )
+        return call_sublayer(self.multihead_attention, x, mask=mask, training=training), None
 
     def compute_output_shape(self, x_shape, padding_mask_shape=None):
         return tuple(x_shape)

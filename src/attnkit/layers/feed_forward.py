@@ -6,9 +6,9 @@ Legend: B batch, T sequence length, d_model model width, d_ff inner width.
 """
 
 import keras
-from keras import ops
 
 from attnkit._validation import positive_int
+from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
 
 ACTIVATIONS = ("relu", "gelu")
@@ -55,7 +55,10 @@ class FeedForward(keras.layers.Layer):
         self.d_model = positive_int("d_model", d_model)
         self.activation = check_activation(activation)
         self.supports_masking = True
-        self.fully_connected1 = Linear(self.d_ff, name="fully_connected1", dtype=self.dtype_policy)
+        # The activation belongs to the first map, so `linear` can fuse it (in place on torch).
+        self.fully_connected1 = Linear(
+            self.d_ff, activation=self.activation, name="fully_connected1", dtype=self.dtype_policy
+        )
         self.fully_connected2 = Linear(self.d_model, name="fully_connected2", dtype=self.dtype_policy)
 
     def build(self, x_shape):
@@ -63,12 +66,8 @@ class FeedForward(keras.layers.Layer):
         self.fully_connected2.build(tuple(x_shape[:-1]) + (self.d_ff,))
 
     def call(self, x):
-        hidden = self.fully_connected1(x)  # (B, T, d_ff)
-        if self.activation == "relu":
-            hidden = ops.relu(hidden)
-        else:
-            hidden = ops.gelu(hidden, approximate=False)
-        return self.fully_connected2(hidden)  # (B, T, d_model)
+        hidden = call_sublayer(self.fully_connected1, x)  # (B, T, d_ff), after the activation
+        return call_sublayer(self.fully_connected2, hidden)  # (B, T, d_model)
 
     def compute_output_shape(self, x_shape):
         return tuple(x_shape[:-1]) + (self.d_model,)

@@ -2,7 +2,7 @@
 
 The variables, the configuration, LoRA and quantization are Dense's own, so Dense weights copy across
 unchanged; only the arithmetic differs: one fused GEMM with the bias on torch, in the weight layout
-torch's CPU kernels need for bfloat16 (see `attnkit.ops.linear`).
+torch's CPU kernels need for bfloat16, and ReLU in place on its output (see `attnkit.ops.linear`).
 
 Legend: d_in input width, d_out (`units`) output width.
 """
@@ -10,6 +10,9 @@ Legend: d_in input width, d_out (`units`) output width.
 import keras
 
 from attnkit.ops.linear import linear
+
+# Dense's activation functions that `linear` applies itself (gelu: Keras's default is the exact form).
+_FUSED_ACTIVATIONS = {keras.activations.linear: None, keras.activations.relu: "relu", keras.activations.gelu: "gelu"}
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -25,5 +28,12 @@ class Linear(keras.layers.Dense):
     def call(self, inputs, training=None):
         # Quantized layers never get here: Keras routes them to Dense.quantized_call. `self.kernel`
         # includes a LoRA update when LoRA is enabled.
-        x = linear(inputs, self.kernel, self.bias)
-        return x if self.activation is None else self.activation(x)
+        fused = _FUSED_ACTIVATIONS.get(self.activation, "other")
+        if fused != "other":
+            return linear(inputs, self.kernel, self.bias, activation=fused)
+        return self.activation(linear(inputs, self.kernel, self.bias))
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Dense refuses its subclasses, whose `call` may differ; Keras routes a quantized layer to
+        # Dense.quantized_call, so Dense's quantization applies to Linear as it is.
+        super().quantize(mode, type_check=False, config=config)

@@ -11,6 +11,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_int, rate
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
 from attnkit.ops.linear import linear
@@ -147,7 +148,8 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             (k, v): (B, h, T_k, d_k) and (B, h, T_k, d_v).
         """
-        return self._split_heads(self.W_k(keys), self.d_k), self._split_heads(self.W_v(values), self.d_v)
+        k, v = call_sublayer(self.W_k, keys), call_sublayer(self.W_v, values)  # (B, T_k, h * d_k), (B, T_k, h * d_v)
+        return self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
 
     def attend_projected(
         self, queries, k, v, mask=None, *, causal=False, return_attention_weights=False, training=None,
@@ -165,7 +167,9 @@ class MultiHeadAttention(keras.layers.Layer):
             output (B, T_q, d_model), and weights (B, h, T_q, T_k) when `return_attention_weights`.
         """
         # 1. project the queries, and split the heads: (B, T_q, h * d_k) -> (B, h, T_q, d_k)
-        q = self._split_heads(self.W_q(queries), self.d_k) if projected_queries is None else projected_queries
+        q = projected_queries
+        if q is None:
+            q = self._split_heads(call_sublayer(self.W_q, queries), self.d_k)
         # 2. attend in every head at once
         options = dict(causal=causal, dropout=self.dropout, training=bool(training), seed=self.seed_generator)
         if return_attention_weights:
@@ -176,7 +180,7 @@ class MultiHeadAttention(keras.layers.Layer):
         B, T_q = ops.shape(queries)[0], ops.shape(queries)[1]
         concat = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)), (B, T_q, self.h * self.d_v))
         # 4. project to d_model
-        output = self.W_o(concat)  # (B, T_q, d_model)
+        output = call_sublayer(self.W_o, concat)  # (B, T_q, d_model)
         return (output, weights) if return_attention_weights else output
 
     def _split_heads(self, x, d):

@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 
 from attnkit.models import hf_checkpoint
+from attnkit.models._inference import inference_function
 from attnkit.models.bert import BertEncoder
 
 
@@ -114,6 +115,7 @@ class PretrainedEncoder:
         self.model, self.tokenizer, self.path = model, tokenizer, path
         self.max_length, self.pooling = max_length, pooling
         self.d_model, self.n, self.h = model.d_model, model.n, model.h
+        self._forward = {}  # return_attention_weights -> compiled forward pass (see _run)
 
     def __repr__(self):
         return (
@@ -164,16 +166,19 @@ class PretrainedEncoder:
         from keras import ops
 
         B, T = token_ids.shape
-        # JAX compiles every operation anew for each input shape: padding T up to a multiple of 16
+        # jax.jit compiles the forward pass anew for each input shape: padding T up to a multiple of 16
         # lets batches of similar lengths share those compilations. The extra keys are masked, so
         # they get zero weight and change nothing; the extra rows are cut off below.
         if keras.backend.backend() == "jax":
             padded = min(-(-T // 16) * 16, self.model.sequence_length)
             token_ids = np.pad(token_ids, ((0, 0), (0, padded - T)))
             padding_mask = np.pad(padding_mask, ((0, 0), (0, padded - T)))
-        outputs = self.model(
-            ops.convert_to_tensor(token_ids), ops.convert_to_tensor(padding_mask), training=False,
-            return_attention_weights=return_attention_weights,
+        if return_attention_weights not in self._forward:
+            self._forward[return_attention_weights] = inference_function(
+                self.model, return_attention_weights=return_attention_weights
+            )
+        outputs = self._forward[return_attention_weights](
+            ops.convert_to_tensor(token_ids), ops.convert_to_tensor(padding_mask)
         )
         if return_attention_weights:
             hidden, weights = outputs

@@ -69,20 +69,27 @@ def _jax(queries, keys, values, keep, causal, scale):
     return out
 
 
-def linear(x, kernel, bias):
-    """Fused x @ kernel + bias, or None when the backend has nothing better than `keras.ops`.
+def linear(x, kernel, bias, activation):
+    """Fused activation(x @ kernel + bias) on torch, or None (the caller's `keras.ops` path then runs).
 
     Args:
-        x: (..., d_in). kernel: (d_in, d_out), Keras's layout. bias: (d_out,) or None.
+        x: (..., d_in). kernel: (d_in, d_out), Keras's layout. bias: (d_out,) or None; tensors or Keras
+            variables. activation: None, "relu" or "gelu".
 
     Returns:
-        (..., d_out), or None.
+        (..., d_out), or None unless the backend is torch and all operands are torch tensors of one
+        floating dtype.
     """
     if keras.backend.backend() != "torch":
         return None  # XLA (jax, tensorflow under tf.function) folds the bias add and picks the layout
     import torch
     import torch.nn.functional as F
 
+    # A variable's `.value` is cast to the compute dtype inside a mixed-precision layer's call.
+    x, kernel, bias = (v.value if isinstance(v, keras.Variable) else v for v in (x, kernel, bias))
+    operands = (x, kernel) if bias is None else (x, kernel, bias)
+    if not all(isinstance(v, torch.Tensor) and v.dtype == x.dtype for v in operands) or not x.is_floating_point():
+        return None
     weight = kernel.t()  # (d_out, d_in), torch.nn.Linear's layout, as a view
     if weight.dtype in (torch.bfloat16, torch.float16):
         # torch's CPU half-precision GEMM runs ~30x slower on a row-major (d_in, d_out) operand than
@@ -90,4 +97,11 @@ def linear(x, kernel, bias):
         # copy is the same size as the cast Keras's autocast already made.
         weight = weight.contiguous()
     # One addmm: the bias is added inside the GEMM instead of in a second pass over the output.
-    return F.linear(x, weight, bias)
+    y = F.linear(x, weight, bias)
+    if activation == "relu":
+        # In place on the GEMM's fresh output: one pass less over (..., d_out); addmm's backward
+        # does not need its output, and relu's needs only its result.
+        return torch.relu_(y)
+    if activation == "gelu":
+        return F.gelu(y)
+    return y

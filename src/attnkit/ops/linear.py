@@ -1,4 +1,4 @@
-"""`linear`: x W + b, the affine map every projection of the Transformer is made of.
+"""`linear`: activation(x W + b), the affine map every projection of the Transformer is made of.
 
 Legend: d_in input width, d_out output width.
 """
@@ -7,31 +7,43 @@ from keras import ops
 
 from attnkit.ops import _fused
 
+ACTIVATIONS = (None, "relu", "gelu")
 
-def linear(x, kernel, bias=None):
-    """x @ kernel + bias, as `keras.layers.Dense` computes it, in one fused GEMM where the backend has one.
 
-    On torch this is `torch.nn.functional.linear` on the kernel's transposed view: the bias is added
-    inside the GEMM, and half-precision kernels are laid out as torch's CPU kernels need them. On jax
-    and tensorflow it is `keras.ops.matmul` plus the bias, which their compilers fuse.
+def linear(x, kernel, bias=None, activation=None):
+    """activation(x @ kernel + bias), as `keras.layers.Dense` computes it, fused where the backend can.
+
+    On torch this is one `torch.nn.functional.linear` (the bias added inside the GEMM) on the kernel's
+    transposed view, with ReLU applied in place on the fresh output; half-precision kernels are laid
+    out as torch's CPU kernels need them. On jax and tensorflow it is `keras.ops.matmul` plus the
+    bias and the activation, which their compilers fuse.
 
     Args:
         x: (..., d_in).
-        kernel: (d_in, d_out), Keras's layout, the same dtype as x.
+        kernel: (d_in, d_out), Keras's layout.
         bias: optional (d_out,).
+        activation: None (default), "relu", or "gelu" (the exact erf form).
 
     Returns:
         (..., d_out).
 
+    Raises:
+        ValueError: an unknown activation.
+
     Example:
-    >>> linear(ops.ones((2, 3)), ops.ones((3, 4)), ops.zeros((4,))).shape  # (2, 4)
+    >>> linear(ops.ones((2, 3)), ops.ones((3, 4)), ops.zeros((4,)), activation="relu").shape  # (2, 4)
     """
-    x, kernel = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)
-    bias = None if bias is None else ops.convert_to_tensor(bias)
-    if x.dtype == kernel.dtype and (bias is None or bias.dtype == kernel.dtype):
-        fused = _fused.linear(x, kernel, bias)
-        if fused is not None:
-            return fused
-    # Mixed dtypes follow keras.ops' promotion rules.
-    y = ops.matmul(x, kernel)
-    return y if bias is None else ops.add(y, bias)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"`activation` must be one of {ACTIVATIONS}. Received: activation={activation!r}")
+    fused = _fused.linear(x, kernel, bias, activation)
+    if fused is not None:
+        return fused
+    # Mixed dtypes, NumPy inputs and the other backends: keras.ops' own promotion rules.
+    y = ops.matmul(x, kernel)  # (..., d_out)
+    if bias is not None:
+        y = ops.add(y, bias)
+    if activation == "relu":
+        return ops.relu(y)
+    if activation == "gelu":
+        return ops.gelu(y, approximate=False)
+    return y

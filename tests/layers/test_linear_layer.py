@@ -1,0 +1,98 @@
+"""`attnkit.Linear` is a `keras.layers.Dense`: the same outputs with the same weights for every
+activation, with LoRA and int8 quantization, and the same saving; only its arithmetic differs."""
+
+import keras
+import numpy as np
+import pytest
+
+import attnkit
+from attnkit import Linear
+from backend_utils import to_numpy
+from encoder_checks import config_round_trip, keras_file_round_trip, mixed_bfloat16_close
+
+B, T, D_IN, D_OUT = 3, 5, 6, 11
+
+
+def pair(rng, **kwargs):
+    """A Linear and a Dense with the same random weights (biases nonzero)."""
+    ours, theirs = Linear(D_OUT, **kwargs), keras.layers.Dense(D_OUT, **kwargs)
+    for layer in (ours, theirs):
+        layer.build((None, None, D_IN))
+    weights = [rng.standard_normal(w.shape).astype("float32") for w in theirs.get_weights()]
+    ours.set_weights(weights)
+    theirs.set_weights(weights)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "tanh", "softplus"])
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_equals_dense(rng, activation, use_bias):
+    ours, theirs = pair(rng, activation=activation, use_bias=use_bias)
+    x = rng.standard_normal((B, T, D_IN)).astype("float32") * 2
+    np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs(x)), atol=1e-5)
+
+
+def test_relu_output_is_exact(rng):
+    ours, _ = pair(rng, activation="relu")
+    x = rng.standard_normal((B, T, D_IN)).astype("float32")
+    kernel, bias = (w.astype(np.float64) for w in ours.get_weights())
+    np.testing.assert_allclose(to_numpy(ours(x)), np.maximum(x @ kernel + bias, 0), atol=1e-5)
+
+
+def test_lora_equals_dense_lora(rng):
+    ours, theirs = pair(rng)
+    for layer in (ours, theirs):
+        layer.enable_lora(2)
+    lora = [rng.standard_normal(w.shape).astype("float32") for w in (theirs.lora_kernel_a, theirs.lora_kernel_b)]
+    for layer in (ours, theirs):
+        layer.lora_kernel_a.assign(lora[0])
+        layer.lora_kernel_b.assign(lora[1])
+    x = rng.standard_normal((B, T, D_IN)).astype("float32")
+    got, want = to_numpy(ours(x)), to_numpy(theirs(x))
+    kernel, bias = (to_numpy(w) for w in (ours._kernel, ours.bias))
+    without_lora = x @ kernel + bias
+    assert np.abs(want - without_lora).max() > 1e-2  # the LoRA update changes the output
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_int8_quantization_equals_dense(rng):
+    ours, theirs = pair(rng, activation="relu")
+    for layer in (ours, theirs):
+        layer.quantize("int8")
+    x = rng.standard_normal((B, T, D_IN)).astype("float32")
+    np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs(x)), atol=1e-6)
+
+
+def test_config_and_keras_file_round_trip(rng, tmp_path):
+    ours, _ = pair(rng, activation="gelu")
+    x = rng.standard_normal((B, T, D_IN)).astype("float32")
+    config_round_trip(ours, x)
+    inputs = keras.Input((T, D_IN))
+    model = keras.Model(inputs, Linear(D_OUT, activation="relu")(inputs))
+    keras_file_round_trip(model, x, str(tmp_path / "linear.keras"))
+
+
+def test_mixed_bfloat16(rng):
+    x = rng.standard_normal((B, T, D_IN)).astype("float32")
+
+    def make():
+        layer = Linear(D_OUT, activation="relu")
+        layer.build((None, None, D_IN))
+        return layer
+
+    mixed_bfloat16_close(make, (x,), atol=0.1)
+
+
+def test_a_model_of_attnkit_layers_quantizes_to_int8(rng):
+    """`Model.quantize` reaches every projection; MultiHeadAttention then leaves its fused QKV matmul
+    for the quantized layers' own calls."""
+    inputs = keras.Input((T, 16))
+    outputs = attnkit.EncoderLayer(2, 8, 8, 16, 32, 0.0)(inputs)
+    model = keras.Model(inputs, outputs)
+    x = rng.standard_normal((B, T, 16)).astype("float32")
+    want = model.predict(x, verbose=0)
+    model.quantize("int8")
+    projections = [layer for layer in model._flatten_layers() if isinstance(layer, Linear)]
+    assert len(projections) == 6 and all(layer.quantization_mode == "int8" for layer in projections)
+    got = model.predict(x, verbose=0)
+    assert 0 < np.abs(got - want).max() < 0.1  # int8 weights: close, not equal

@@ -1,0 +1,102 @@
+"""`call_sublayer` gives what `layer(...)` gives, skips Keras's `__call__` only when that changes nothing,
+and the composite layers built on it keep their precision when their public methods are called
+directly, outside any `__call__`."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import attnkit
+from attnkit.layers._sublayer import call_sublayer
+from backend_utils import to_numpy
+
+B, T, D = 2, 5, 8
+
+
+class CountingLinear(attnkit.Linear):
+    """A Linear that counts the calls that go through Keras's `__call__`."""
+
+    keras_calls = 0
+
+    def __call__(self, *args, **kwargs):
+        CountingLinear.keras_calls += 1
+        return super().__call__(*args, **kwargs)
+
+
+@pytest.fixture
+def counting():
+    CountingLinear.keras_calls = 0
+    layer = CountingLinear(4, activation="relu")
+    layer.build((None, None, D))
+    return layer
+
+
+def test_built_float32_layer_on_a_tensor_skips_keras_call(rng, counting):
+    x = ops.convert_to_tensor(rng.standard_normal((B, T, D)).astype("float32"))
+    got = call_sublayer(counting, x)
+    assert CountingLinear.keras_calls == 0
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(counting(x)))
+
+
+@pytest.mark.parametrize(
+    "case", ["numpy input", "float16 tensor", "unbuilt", "mixed policy", "quantized"]
+)
+def test_falls_back_to_keras_call_and_gives_the_same_result(rng, case):
+    x = rng.standard_normal((B, T, D)).astype("float32")
+    dtype = "mixed_bfloat16" if case == "mixed policy" else None
+    CountingLinear.keras_calls = 0
+    layer = CountingLinear(4, dtype=dtype)
+    if case != "unbuilt":
+        layer.build((None, None, D))
+    if case == "quantized":
+        layer.quantize("int8")
+    if case == "float16 tensor":
+        x = ops.convert_to_tensor(x.astype("float16"))
+    elif case != "numpy input":
+        x = ops.convert_to_tensor(x)
+    got = call_sublayer(layer, x)
+    assert CountingLinear.keras_calls == 1
+    assert layer.built
+    assert keras.backend.standardize_dtype(got.dtype) == layer.compute_dtype
+    np.testing.assert_array_equal(to_numpy(ops.cast(got, "float32")), to_numpy(ops.cast(layer(x), "float32")))
+
+
+def test_dropout_and_layer_norm_equal_their_keras_calls(rng):
+    x = ops.convert_to_tensor(rng.standard_normal((B, T, D)).astype("float32"))
+    norm = keras.layers.LayerNormalization(epsilon=1e-6)
+    norm.build((None, None, D))
+    np.testing.assert_array_equal(to_numpy(call_sublayer(norm, x)), to_numpy(norm(x)))
+    dropout = keras.layers.Dropout(0.5)
+    np.testing.assert_array_equal(to_numpy(call_sublayer(dropout, x, training=False)), to_numpy(x))
+    dropped = to_numpy(call_sublayer(dropout, x, training=True))
+    kept = dropped != 0
+    assert 0 < kept.mean() < 1
+    np.testing.assert_allclose(dropped[kept], 2 * to_numpy(x)[kept], rtol=1e-6)
+
+
+def test_encode_called_directly_keeps_mixed_precision(rng):
+    """`Encoder.encode` is a public method: called outside `__call__`, its layers must still compute in
+    bfloat16 under mixed_bfloat16, exactly as when the encoder is called on token ids."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        encoder = attnkit.Encoder(20, T, 2, 4, 4, D, 16, 2, 0.0)
+        ids = rng.integers(1, 20, size=(B, T))
+        through_call = encoder(ids)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    embeddings = encoder.pos_encoding(ids)
+    direct = encoder.encode(embeddings, training=False)
+    assert keras.backend.standardize_dtype(direct.dtype) == "bfloat16"
+    np.testing.assert_array_equal(to_numpy(ops.cast(direct, "float32")), to_numpy(ops.cast(through_call, "float32")))
+
+
+def test_attend_projected_called_directly_casts_numpy_queries(rng):
+    """`MultiHeadAttention.attend_projected` (used by cached decoding) with float64 NumPy queries."""
+    mha = attnkit.MultiHeadAttention(2, 4, 4, D)
+    x = rng.standard_normal((B, T, D))
+    mha.build((None, None, D))
+    k, v = mha.project_keys_values(x.astype("float32"), x.astype("float32"))
+    got = mha.attend_projected(x, k, v)
+    assert keras.backend.standardize_dtype(got.dtype) == "float32"
+    np.testing.assert_allclose(to_numpy(got), to_numpy(mha(x.astype("float32"))), atol=1e-5)

@@ -1,0 +1,94 @@
+"""`attnkit.ops.linear`: exact values and gradients against float64 NumPy, every activation, NumPy and
+variable operands, half precision, and the error for an unknown activation.
+
+Legend: N rows, d_in input width, d_out output width.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from attnkit.ops import linear
+from backend_utils import to_numpy, value_and_grads
+
+N, D_IN, D_OUT = 9, 7, 13  # odd sizes, not powers of two
+
+
+def erf_gelu(x):
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+REFERENCE = {None: lambda y: y, "relu": lambda y: np.maximum(y, 0), "gelu": erf_gelu}
+
+
+def operands(rng, batch_shape=(N,)):
+    x = rng.standard_normal((*batch_shape, D_IN)).astype("float32")
+    kernel = (rng.standard_normal((D_IN, D_OUT)) / np.sqrt(D_IN)).astype("float32")
+    bias = rng.standard_normal(D_OUT).astype("float32")
+    return x, kernel, bias
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("batch_shape", [(N,), (2, 5)])
+def test_equals_float64_reference(rng, activation, with_bias, batch_shape):
+    x, kernel, bias = operands(rng, batch_shape)
+    bias = bias if with_bias else None
+    got = linear(ops.convert_to_tensor(x), ops.convert_to_tensor(kernel),
+                 None if bias is None else ops.convert_to_tensor(bias), activation=activation)
+    y = x.astype(np.float64) @ kernel.astype(np.float64) + (0 if bias is None else bias.astype(np.float64))
+    assert tuple(got.shape) == (*batch_shape, D_OUT)
+    np.testing.assert_allclose(to_numpy(got), REFERENCE[activation](y), atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_gradients_equal_float64_reference(rng, activation):
+    """d sum(linear) / d (x, kernel, bias): checks, among others, that the in-place ReLU keeps them exact."""
+    x, kernel, bias = operands(rng)
+    y = x.astype(np.float64) @ kernel.astype(np.float64) + bias
+    if activation is None:
+        d_y = np.ones_like(y)
+    elif activation == "relu":
+        d_y = (y > 0).astype(np.float64)
+    else:
+        d_y = 0.5 * (1 + np.vectorize(math.erf)(y / math.sqrt(2))) + y * np.exp(-(y**2) / 2) / math.sqrt(2 * math.pi)
+    out, (d_x, d_kernel, d_bias) = value_and_grads(lambda a, k, b: linear(a, k, b, activation=activation), x, kernel, bias)
+    np.testing.assert_allclose(out, REFERENCE[activation](y), atol=1e-5)
+    np.testing.assert_allclose(d_x, d_y @ kernel.T.astype(np.float64), atol=1e-5)
+    np.testing.assert_allclose(d_kernel, x.T.astype(np.float64) @ d_y, atol=1e-4)
+    np.testing.assert_allclose(d_bias, d_y.sum(axis=0), atol=1e-4)
+
+
+def test_accepts_numpy_arrays_and_keras_variables(rng):
+    x, kernel, bias = operands(rng)
+    want = np.maximum(x.astype(np.float64) @ kernel + bias, 0)
+    np.testing.assert_allclose(to_numpy(linear(x, kernel, bias, activation="relu")), want, atol=1e-5)
+    variable = keras.Variable(kernel)
+    np.testing.assert_allclose(to_numpy(linear(ops.convert_to_tensor(x), variable, bias, activation="relu")), want, atol=1e-5)
+
+
+def test_leaves_its_inputs_unchanged(rng):
+    x, kernel, bias = operands(rng)
+    tensors = [ops.convert_to_tensor(a) for a in (x, kernel, bias)]
+    linear(*tensors, activation="relu")
+    for tensor, array in zip(tensors, (x, kernel, bias)):
+        np.testing.assert_array_equal(to_numpy(tensor), array)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_stays_half_and_close(rng, dtype):
+    x, kernel, bias = operands(rng)
+    got = linear(*(ops.cast(a, dtype) for a in (x, kernel, bias)), activation="relu")
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    want = np.maximum(x.astype(np.float64) @ kernel + bias, 0)
+    # bfloat16 keeps 8 significant bits: each input is off by up to 2^-8 relatively, sums of 7 terms.
+    np.testing.assert_allclose(to_numpy(ops.cast(got, "float32")), want, atol=0.1 if dtype == "bfloat16" else 0.02)
+
+
+def test_unknown_activation_is_a_clear_error(rng):
+    x, kernel, bias = operands(rng)
+    with pytest.raises(ValueError, match=r"`activation` must be one of \(None, 'relu', 'gelu'\). Received: activation='tanh'"):
+        linear(x, kernel, bias, activation="tanh")
