@@ -68,11 +68,17 @@ def keras_forward_backward(layer, x, n_inputs=1):
 
 
 def keras_inference(fn, x):
-    """fn() running `fn(x)` eagerly on torch (as a user calls a layer; autograd on), compiled on jax
-    (`jax.jit`, the weights captured as constants) and tensorflow (`tf.function`)."""
+    """fn() running `fn(x)` for inference as each backend does it best: eagerly under `torch.no_grad()`
+    on torch (as Keras's own `predict` and the torch anchors run), compiled on jax (`jax.jit`, the
+    weights captured as constants) and tensorflow (`tf.function`)."""
     if BACKEND == "torch":
         x = torch.as_tensor(x)
-        return lambda: fn(x)
+
+        def run():
+            with torch.no_grad():
+                return fn(x)
+
+        return run
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
@@ -130,8 +136,8 @@ def encoder(rounds, policy):
     run = keras_inference(lambda x: ours.encode(x, training=False), x)
     times = interleaved_medians({"attnkit": run, "torch": torch_run}, rounds=rounds)
     anchor = "torch.nn.TransformerEncoder (eval, no_grad" + (", autocast bf16)" if half else ")")
-    note = "attnkit called as encoder.encode(x, training=False)" + (
-        ", autograd on" if BACKEND == "torch" else ", compiled")
+    note = "attnkit: encoder.encode(x, training=False)" + (
+        " under torch.no_grad()" if BACKEND == "torch" else ", compiled")
     return [row(f"Encoder inference n={n} B={B} T={T} d_model={D}", "bfloat16" if half else "float32",
                 times["attnkit"], anchor, times["torch"], n * layer_gflop(B, T, T, D, d_ff), note)]
 

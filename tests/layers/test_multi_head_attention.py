@@ -372,6 +372,27 @@ def test_dropout_only_when_training(rng):
     np.testing.assert_allclose(to_numpy(ops.sum(w, -1)), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_projections_of_one_input_in_one_matmul_equal_separate_ones(rng, use_bias):
+    """Self-attention (one input: [W_q | W_k | W_v] in one matmul) and cross-attention (keys is values:
+    [W_k | W_v]) equal the same inputs passed as distinct tensors, projected one by one, and the
+    reference; d_k != d_v, so a wrong split shows."""
+    layer, weights = make_layer(rng, d_q=6, d_kin=6, d_vin=6, use_bias=use_bias)
+    x, memory, _ = inputs(rng, d_q=6, d_kin=6)
+    x_t, memory_t = ops.convert_to_tensor(x), ops.convert_to_tensor(memory)
+    together = layer(x_t)
+    apart = layer(x_t, ops.convert_to_tensor(x), ops.convert_to_tensor(x))
+    np.testing.assert_allclose(to_numpy(together), to_numpy(apart), rtol=0, atol=1e-6)
+    assert_close(together, expected(weights, x, x, x)[0])
+    cross_together = layer(x_t, memory_t, memory_t)
+    cross_apart = layer(x_t, memory_t, ops.convert_to_tensor(memory))
+    np.testing.assert_allclose(to_numpy(cross_together), to_numpy(cross_apart), rtol=0, atol=1e-6)
+    assert_close(cross_together, expected(weights, x, memory, memory)[0])
+    _, (grad_together,) = value_and_grads(lambda a: layer(a), x)
+    _, (grad_apart,) = value_and_grads(lambda a: layer(a, a + 0, a * 1), x)
+    np.testing.assert_allclose(grad_together, grad_apart, rtol=0, atol=1e-5)
+
+
 def test_fused_and_explicit_paths_equal_with_gradients_and_empty_rows(rng):
     layer, _ = make_layer(rng)
     q, k, v = inputs(rng)

@@ -111,7 +111,7 @@ class MultiHeadAttention(keras.layers.Layer):
             mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
 
         if queries is keys and keys is values and self._plain_projections():
-            q, k, v = self._project_self(queries)
+            q, k, v = self._project_together(queries, (self.W_q, self.W_k, self.W_v))
         else:
             q = None  # projected by attend_projected
             k, v = self.project_keys_values(keys, values)
@@ -124,17 +124,28 @@ class MultiHeadAttention(keras.layers.Layer):
         dense = (self.W_q, self.W_k, self.W_v)
         return all(d.quantization_mode is None and not d.lora_enabled for d in dense)
 
-    def _project_self(self, x):
-        """Step 1 of self-attention as one matmul with [W_q | W_k | W_v]: one pass over x instead of
-        three, a larger and faster matmul. The variables stay the three Dense layers' own."""
+    def _project_together(self, x, projections):
+        """Step 1 for projections of the same input, as one matmul with their kernels side by side:
+        [W_q | W_k | W_v] in self-attention, [W_k | W_v] in cross-attention. One pass over x instead
+        of several, and a larger, faster matmul; the variables stay the Dense layers' own.
+
+        Args:
+            x: (B, T, d_in).
+            projections: Dense layers of this layer, each of width h * d.
+
+        Returns:
+            One (B, h, T, d) tensor per projection.
+        """
         dtype = self.compute_dtype
-        kernel = ops.concatenate([ops.cast(d.kernel, dtype) for d in (self.W_q, self.W_k, self.W_v)], axis=-1)
-        bias = None
-        if self.use_bias:
-            bias = ops.concatenate([ops.cast(d.bias, dtype) for d in (self.W_q, self.W_k, self.W_v)])
-        qkv = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, h * (2 d_k + d_v))
-        q, k, v = ops.split(qkv, [self.h * self.d_k, 2 * self.h * self.d_k], axis=-1)
-        return self._split_heads(q, self.d_k), self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
+        kernel = ops.concatenate([ops.cast(d.kernel, dtype) for d in projections], axis=-1)  # (d_in, sum h * d)
+        bias = ops.concatenate([ops.cast(d.bias, dtype) for d in projections]) if self.use_bias else None
+        y = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, sum h * d)
+        heads, start = [], 0
+        for d in projections:
+            # Slicing, not ops.split: a view on torch, without split's per-call overhead.
+            heads.append(self._split_heads(y[..., start : start + d.units], d.units // self.h))  # (B, h, T, d)
+            start += d.units
+        return heads
 
     def project_keys_values(self, keys, values):
         """Step 1 for keys and values: W_k, W_v and the split into heads.
@@ -148,6 +159,8 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             (k, v): (B, h, T_k, d_k) and (B, h, T_k, d_v).
         """
+        if keys is values and self._plain_projections():
+            return tuple(self._project_together(keys, (self.W_k, self.W_v)))  # the usual cross-attention
         k, v = call_sublayer(self.W_k, keys), call_sublayer(self.W_v, values)  # (B, T_k, h * d_k), (B, T_k, h * d_v)
         return self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
 
