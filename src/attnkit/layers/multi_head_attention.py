@@ -110,7 +110,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_padding = broadcast_mask(ops.expand_dims(key_padding, 1), scores_shape)  # (B, 1, 1, T_k)
             mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
 
-        if queries is keys and keys is values and self._plain_projections():
+        if queries is keys and keys is values and _plain(self.W_q, self.W_k, self.W_v):
             q, k, v = self._project_together(queries, (self.W_q, self.W_k, self.W_v))
         else:
             q = None  # projected by attend_projected
@@ -119,10 +119,6 @@ class MultiHeadAttention(keras.layers.Layer):
             queries, k, v, mask, causal=causal, return_attention_weights=return_attention_weights,
             training=training, projected_queries=q,
         )
-
-    def _plain_projections(self):
-        dense = (self.W_q, self.W_k, self.W_v)
-        return all(d.quantization_mode is None and not d.lora_enabled for d in dense)
 
     def _project_together(self, x, projections):
         """Step 1 for projections of the same input, as one matmul with their kernels side by side:
@@ -159,7 +155,7 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             (k, v): (B, h, T_k, d_k) and (B, h, T_k, d_v).
         """
-        if keys is values and self._plain_projections():
+        if keys is values and _plain(self.W_k, self.W_v):
             return tuple(self._project_together(keys, (self.W_k, self.W_v)))  # the usual cross-attention
         k, v = call_sublayer(self.W_k, keys), call_sublayer(self.W_v, values)  # (B, T_k, h * d_k), (B, T_k, h * d_v)
         return self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
@@ -251,3 +247,8 @@ class MultiHeadAttention(keras.layers.Layer):
             "seed": self.seed,
         }
 
+
+def _plain(*projections):
+    """Whether these Dense layers can be computed side by side in one matmul: quantized layers need
+    their own `quantized_call`, and LoRA ones their own kernel update."""
+    return all(d.quantization_mode is None and not d.lora_enabled for d in projections)
