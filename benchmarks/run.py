@@ -19,8 +19,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LONG_T = 16384
-# workloads.WORKLOADS, run in every backend, then the torch-only T=LONG_T row (run.py imports workloads
-# only after choosing the backend).
+# workloads.WORKLOADS, run in every backend, then the T=LONG_T rows, one process per case (run.py
+# imports workloads only after choosing the backend).
 WORKLOAD_NAMES = ("mha", "encoder-float32", "encoder-bfloat16", "training-step", "embeddings", "long-attention")
 
 
@@ -37,29 +37,33 @@ def matmul_peaks(repeats):
     return peaks
 
 
-def long_sequence_rows(rounds):
-    """T=16384 self-attention: attnkit.ops.fused_attention vs torch SDPA, time and peak memory."""
-    def case(name):
+def long_sequence_rows(rounds, backends):
+    """T=16384 self-attention: attnkit.ops.fused_attention on each backend vs torch SDPA, time and peak memory."""
+    def case(name, backend):
         out = subprocess.run([sys.executable, os.path.join(HERE, "long_attention.py"), name, "--T", str(LONG_T)],
-                             capture_output=True, text=True, check=True, env={**os.environ, "KERAS_BACKEND": "torch"})
+                             capture_output=True, text=True, check=True, env={**os.environ, "KERAS_BACKEND": backend})
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    results = {"attnkit": [], "torch": []}
+    cases = [("torch", "torch")] + [("attnkit", b) for b in backends]  # the anchor first, then attnkit per backend
+    results = {c: [] for c in cases}
     for _ in range(rounds):
-        for name in results:
-            results[name].append(case(name))
-    refused = case("explicit")
-    seconds = {n: statistics.median(r["seconds"] for r in rs) for n, rs in results.items()}
-    peak = {n: statistics.median(r["peak_bytes"] for r in rs) / 2**20 for n, rs in results.items()}
+        for name, backend in cases:
+            results[name, backend].append(case(name, backend))
+    seconds = {c: statistics.median(r["seconds"] for r in rs) for c, rs in results.items()}
+    peak = {c: statistics.median(r["peak_bytes"] for r in rs) / 2**20 for c, rs in results.items()}
     gflop = 4 * 8 * LONG_T * LONG_T * 64 / 1e9
-    size = refused["error"] and refused["error"].split("tensor of shape ")[1].split(", above")[0]
-    explicit = "explicit path (weights): " + (f"refused before allocating {size}" if size else "NOT refused")
-    workload = f"Self-attention B=1 h=8 T={LONG_T} d_k=64"
-    return [
-        dict(workload=workload, backend="torch", dtype="float32", attnkit_s=seconds["attnkit"],
-             anchor="torch SDPA", anchor_s=seconds["torch"], gflop=gflop,
-             note=f"peak memory {peak['attnkit']:.0f} MiB vs {peak['torch']:.0f} MiB; {explicit}"),
-    ]
+    rows = []
+    for backend in backends:
+        refused = case("explicit", backend)
+        size = refused["error"] and refused["error"].split("tensor of shape ")[1].split(", above")[0]
+        explicit = "explicit path (weights): " + (f"refused before allocating {size}" if size else "NOT refused")
+        how = "" if backend == "torch" else ", compiled, blocks of 128 queries"
+        rows.append(dict(
+            workload=f"Self-attention B=1 h=8 T={LONG_T} d_k=64", backend=backend, dtype="float32",
+            attnkit_s=seconds["attnkit", backend], anchor="torch SDPA", anchor_s=seconds["torch", "torch"],
+            gflop=gflop, note=f"peak memory {peak['attnkit', backend]:.0f} MiB vs {peak['torch', 'torch']:.0f} MiB"
+                              f"{how}; {explicit}"))
+    return rows
 
 
 def child_rows(backend, rounds, names):
@@ -121,11 +125,11 @@ def main():
     load_before = os.getloadavg()
     peaks = matmul_peaks(2 if args.quick else 3)
     rows = workloads.all_rows(rounds, [n for n in names if n != "long-attention"]) if "torch" in backends else []
-    if "torch" in backends and "long-attention" in names:
-        rows += long_sequence_rows(1 if args.quick else 2)
     for backend in backends:
         if backend != "torch":
             rows += child_rows(backend, rounds, args.workloads)
+    if "long-attention" in names:
+        rows += long_sequence_rows(1 if args.quick else 2, backends)
     later_peaks = matmul_peaks(2 if args.quick else 3)
     peaks = {dtype: max(peaks[dtype], later_peaks[dtype]) for dtype in peaks}  # the practical peak
     load_after = os.getloadavg()

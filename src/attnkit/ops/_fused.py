@@ -11,6 +11,17 @@ import keras
 from keras import ops
 
 
+def memory_efficient():
+    """Whether `attention` never materializes the (..., T_q, T_k) scores: torch's SDPA (flash on CPU)
+    and jax's accelerator kernels; not jax's CPU implementation (XLA's), and tensorflow has none."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() != "cpu"
+    return backend == "torch"
+
+
 def attention(queries, keys, values, keep, causal, scale):
     """Fused softmax(scale * Q K^T, masked) V.
 

@@ -8,11 +8,15 @@ d_k query/key width, d_v value width.
 Two paths give the same numbers (tested):
 - `scaled_dot_product_attention` is explicit (matmul, softmax, matmul) and returns the weights too.
 - `fused_attention` returns the output only and, when attention dropout is inactive, runs the
-  backend's fused kernel (`_fused.py`), whose memory does not grow as T_q * T_k.
+  backend's fused kernel (`_fused.py`), whose memory does not grow as T_q * T_k. Where the backend
+  has no such kernel (tensorflow; jax on CPU, whose kernel materializes the scores), long sequences
+  run the explicit computation one block of queries at a time (`_blocked`), so that at most
+  (..., block, T_k) scores are alive at once.
 
 The explicit path materializes the (..., T_q, T_k) scores: above a memory budget (2 GiB by default;
 `set_max_scores_bytes`, or the environment variable ATTNKIT_MAX_SCORES_BYTES) it raises a
-MemoryError before allocating them, instead of exhausting the machine's memory.
+MemoryError before allocating them, instead of exhausting the machine's memory. The blocked path
+keeps each block's scores within the budget too.
 
 Rows with nothing to attend to give zero output and zero weights (DESIGN.md decision 5). The softmax
 runs in float32 when the inputs are float16/bfloat16, and masked scores are filled with the smallest
@@ -32,6 +36,12 @@ from attnkit.ops.masks import _shape_str, broadcast_mask
 
 HALF_DTYPES = ("float16", "bfloat16")
 DEFAULT_MAX_SCORES_BYTES = 2 * 1024**3
+# The blocked path (backends without a memory-efficient kernel) takes over when the scores would
+# exceed BLOCKED_ABOVE_BYTES, with blocks of at most QUERY_BLOCK queries and BLOCKED_ABOVE_BYTES of
+# scores. 128 queries measured fastest on jax and tensorflow at T = 4096 and 16384, h = 8 (16 to 256
+# tried: smaller blocks under-use the GEMMs, larger ones fall out of the cache).
+BLOCKED_ABOVE_BYTES = 64 * 1024**2
+QUERY_BLOCK = 128
 MAX_SCORES_ENV = "ATTNKIT_MAX_SCORES_BYTES"
 _max_scores_bytes = None  # set by `set_max_scores_bytes`; None: the environment variable or the default
 
@@ -67,6 +77,11 @@ def max_scores_bytes():
         ) from None
 
 
+def _scores_dtype(dtype):
+    """The scores' dtype: float32 for half-precision inputs (decision 5 in docs/decisions.md)."""
+    return "float32" if dtype in HALF_DTYPES else dtype
+
+
 def check_scores_budget(scores_shape, dtype):
     """Raises a MemoryError naming the size and the way out when a scores tensor would exceed the budget.
 
@@ -81,9 +96,30 @@ def check_scores_budget(scores_shape, dtype):
             f"Explicit attention would allocate a scores tensor of shape {_shape_str(scores_shape)} {dtype} "
             f"= {size / 1024**3:.2f} GiB, above the budget of {budget / 1024**3:.2f} GiB. Don't request the "
             "attention weights (use `fused_attention`, or return_attention_weights=False in the layers), whose "
-            "memory does not grow as T_q * T_k on the torch and jax backends; or shorten the sequences; or "
+            "memory does not grow as T_q * T_k; or shorten the sequences; or "
             f"raise the budget with attnkit.ops.set_max_scores_bytes(...) or {MAX_SCORES_ENV}."
         )
+
+
+def query_block_size(scores_shape, dtype):
+    """Queries per block for the blocked path, or None when the whole (..., T_q, T_k) scores fit one block.
+
+    Args:
+        scores_shape: static (*lead, T_q, T_k); None entries (symbolic shapes) give None.
+        dtype: the inputs' dtype name.
+
+    Raises:
+        MemoryError: a single query's scores (*lead, 1, T_k) exceed the budget.
+    """
+    if any(d is None for d in scores_shape):
+        return None
+    *lead, q_len, k_len = scores_shape
+    row_bytes = math.prod(lead) * k_len * np.dtype(_scores_dtype(dtype)).itemsize  # one query's scores
+    block_bytes = min(BLOCKED_ABOVE_BYTES, max_scores_bytes())
+    if q_len * row_bytes <= block_bytes:
+        return None
+    check_scores_budget((*lead, 1, k_len), _scores_dtype(dtype))
+    return max(1, min(QUERY_BLOCK, block_bytes // row_bytes))
 
 
 def check_qkv(queries, keys, values):
@@ -206,8 +242,11 @@ def fused_attention(
 
     Same arguments and numbers as `scaled_dot_product_attention`; returns the output (..., T_q, d_v).
     On torch this is `torch.nn.functional.scaled_dot_product_attention` (its CPU flash kernel), on
-    jax `jax.nn.dot_product_attention`, on tensorflow the explicit path (which, like any explicit
-    computation, raises a MemoryError when its scores would exceed `max_scores_bytes()`).
+    jax `jax.nn.dot_product_attention`, on tensorflow the explicit path. Where the backend's path
+    would materialize the scores (tensorflow, jax on CPU) and they exceed
+    min(BLOCKED_ABOVE_BYTES, max_scores_bytes()), the queries run in blocks instead, each with its
+    exact softmax: memory grows as T_k, not T_q * T_k. A MemoryError is raised only when a single
+    query's scores (..., 1, T_k) exceed the budget.
     """
     queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
     check_qkv(queries, keys, values)
@@ -216,6 +255,11 @@ def fused_attention(
     if dropout > 0 and training:
         return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)[0]
     scores_shape = (*queries.shape[:-1], keys.shape[-2])
+    if not _fused.memory_efficient():
+        block = query_block_size(scores_shape, keras.backend.standardize_dtype(queries.dtype))
+        if block is not None:
+            keep = None if mask is None else broadcast_mask(mask, scores_shape)
+            return _blocked(queries, keys, values, keep, causal, scale, block)
     lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
     q_len, k_len = queries.shape[-2], keys.shape[-2]
     if causal and mask is None and q_len is not None and q_len == k_len:
@@ -233,11 +277,8 @@ def _explicit(queries, keys, values, mask, causal, scale, dropout, training, see
     dtype = keras.backend.standardize_dtype(queries.dtype)
     # float16 scores overflow (max 65504) once |q . k| * scale is large, e.g. inputs of 100 with
     # d_k = 64: compute them in float32, where the softmax runs anyway, as the fused kernels do.
-    score_dtype = "float32" if dtype in HALF_DTYPES else dtype
-    check_scores_budget((*queries.shape[:-1], keys.shape[-2]), score_dtype)
-    # Scale the queries, not the scores: fewer multiplications.
-    scaled_queries = ops.cast(queries, score_dtype) * ops.cast(scale, score_dtype)
-    scores = ops.matmul(scaled_queries, ops.swapaxes(ops.cast(keys, score_dtype), -1, -2))  # (..., T_q, T_k)
+    check_scores_budget((*queries.shape[:-1], keys.shape[-2]), _scores_dtype(dtype))
+    scores = _scores(queries, keys, scale)  # (..., T_q, T_k)
     lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
     keep = keep_mask(mask, causal, tuple(scores.shape), lengths)
     weights = ops.cast(masked_softmax(scores, keep), dtype)
@@ -245,3 +286,65 @@ def _explicit(queries, keys, values, mask, causal, scale, dropout, training, see
     if training and dropout > 0:
         attended = keras.random.dropout(weights, dropout, seed=seed)
     return ops.matmul(attended, values), weights  # (..., T_q, d_v), (..., T_q, T_k)
+
+
+def _scores(queries, keys, scale):
+    """scale * Q K^T, (..., T_q, T_k), in float32 for half-precision inputs."""
+    score_dtype = _scores_dtype(keras.backend.standardize_dtype(queries.dtype))
+    # Scale the queries, not the scores: fewer multiplications.
+    scaled_queries = ops.cast(queries, score_dtype) * ops.cast(scale, score_dtype)
+    return ops.matmul(scaled_queries, ops.swapaxes(ops.cast(keys, score_dtype), -1, -2))
+
+
+def _blocked(queries, keys, values, keep, causal, scale, block):
+    """The explicit computation, `block` queries at a time; output (..., T_q, d_v) only.
+
+    Every query's softmax lies inside its block, so the result is the explicit path's. `keras.ops.map`
+    runs the blocks in sequence (`lax.map` on jax, `tf.map_fn` on tensorflow), so only one block's
+    (..., block, T_k) scores are alive at once; `keras.remat` recomputes them in the backward pass
+    instead of keeping every block's softmax for it.
+
+    Args:
+        queries, keys, values: (*lead, T_q, d_k), (*lead, T_k, d_k), (*lead, T_k, d_v), static shapes.
+        keep: None or a boolean keep-mask of the scores' rank (`broadcast_mask`), without the look-ahead.
+        causal: apply the bottom-right look-ahead mask, block by block.
+        scale: float.
+        block: queries per block, from `query_block_size`.
+    """
+    dtype = keras.backend.standardize_dtype(queries.dtype)
+    *lead, q_len, d_k = queries.shape
+    k_len = keys.shape[-2]
+    n = -(-q_len // block)
+    pad = n * block - q_len  # padded query rows attend like any other and are dropped at the end
+
+    def to_blocks(x, fill):
+        # (*lead, T_q, d) -> (n, *lead, block, d): block i is queries i*block .. (i+1)*block - 1.
+        x = ops.pad(x, [(0, 0)] * (len(x.shape) - 2) + [(0, pad), (0, 0)], constant_values=fill)
+        x = ops.reshape(x, (*x.shape[:-2], n, block, x.shape[-1]))
+        return ops.moveaxis(x, -3, 0)
+
+    blocks = {"queries": to_blocks(queries, 0), "start": ops.arange(0, n * block, block, dtype="int32")}
+    per_query_keep = keep is not None and keep.shape[-2] != 1
+    if per_query_keep:
+        blocks["keep"] = to_blocks(keep, True)  # (n, *lead|1, block, T_k)
+
+    def attend(b):
+        block_keep = b["keep"] if per_query_keep else keep
+        if causal:
+            rows = b["start"] + ops.arange(block, dtype="int32") + (k_len - q_len)  # (block,)
+            look_ahead = ops.arange(k_len, dtype="int32")[None, :] <= rows[:, None]  # (block, T_k)
+            block_keep = look_ahead if block_keep is None else ops.logical_and(block_keep, look_ahead)
+
+        # The differentiable inputs are arguments, not closures: tensorflow's recompute_grad only
+        # differentiates with respect to its arguments.
+        @keras.remat
+        def block_output(q, k, v):
+            weights = ops.cast(masked_softmax(_scores(q, k, scale), block_keep), dtype)  # (*lead, block, T_k)
+            return ops.matmul(weights, v)  # (*lead, block, d_v)
+
+        return block_output(b["queries"], keys, values)
+
+    out = ops.map(attend, blocks)  # (n, *lead, block, d_v)
+    out = ops.moveaxis(out, 0, -3)  # (*lead, n, block, d_v)
+    out = ops.reshape(out, (*lead, n * block, values.shape[-1]))
+    return out[..., :q_len, :]  # (*lead, T_q, d_v)
