@@ -63,6 +63,15 @@ def test_call_is_embeddings_then_the_stack(rng):
     assert_close(out, encoder.encode(encoder.pos_encoding(ids), ids != 0), atol=1e-6)
 
 
+def test_encode_reads_and_keeps_the_keras_mask_of_its_input(rng):
+    encoder, ids = make_encoder(), token_ids(rng)
+    x = encoder.pos_encoding(ids)  # (B, T, d_model), carrying the (B, T) padding mask
+    np.testing.assert_array_equal(to_numpy(keras_mask_of(x)), ids != 0)
+    out = encoder.encode(x)
+    assert_close(out, encoder.encode(x, ids != 0), atol=0)
+    np.testing.assert_array_equal(to_numpy(keras_mask_of(out)), ids != 0)
+
+
 @pytest.mark.parametrize("pad_id", [0, 4])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
 def test_padding_never_changes_real_tokens(rng, pad_id, norm_first):

@@ -11,6 +11,8 @@ import keras
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
+from attnkit.layers._keras_mask import keras_mask_of, with_keras_mask
+from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
 from attnkit.layers.feed_forward import check_activation
@@ -141,15 +143,22 @@ class Encoder(keras.layers.Layer):
         Returns:
             (B, T, d_model), or (output, weights) with `return_attention_weights`.
         """
+        keras_mask = keras_mask_of(x)
+        if padding_mask is None:
+            padding_mask = keras_mask  # what Keras's __call__ would fill in for every layer
         weights = []
         for layer in self.encoder_layers:
             if return_attention_weights:
-                x, layer_weights = layer(x, padding_mask, training=training, return_attention_weights=True)
+                x, layer_weights = call_sublayer(
+                    layer, x, padding_mask, training=training, return_attention_weights=True
+                )
                 weights.append(layer_weights)  # (B, h, T, T)
             else:
-                x = layer(x, padding_mask, training=training)  # (B, T, d_model)
+                x = call_sublayer(layer, x, padding_mask, training=training)  # (B, T, d_model)
         if self.final_norm is not None:
-            x = self.final_norm(x)
+            x = call_sublayer(self.final_norm, x)
+        if keras_mask is not None:
+            x = with_keras_mask(x, keras_mask)  # as the layers' `__call__` would have propagated it
         return (x, weights) if return_attention_weights else x
 
     def compute_mask(self, input_sentence, previous_mask=None):

@@ -13,6 +13,7 @@ from attnkit._validation import boolean, positive_int, rate
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
+from attnkit.ops import _fused
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
 from attnkit.ops.linear import linear
 from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
@@ -187,14 +188,14 @@ class MultiHeadAttention(keras.layers.Layer):
             heads = fused_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
         # 3. concatenate the heads: (B, h, T_q, d_v) -> (B, T_q, h * d_v)
         B, T_q = ops.shape(queries)[0], ops.shape(queries)[1]
-        concat = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)), (B, T_q, self.h * self.d_v))
+        concat = _fused.reshape(ops.transpose(heads, (0, 2, 1, 3)), (B, T_q, self.h * self.d_v))
         # 4. project to d_model
         output = call_sublayer(self.W_o, concat)  # (B, T_q, d_model)
         return (output, weights) if return_attention_weights else output
 
     def _split_heads(self, x, d):
         B, T = ops.shape(x)[0], ops.shape(x)[1]
-        return ops.transpose(ops.reshape(x, (B, T, self.h, d)), (0, 2, 1, 3))  # (B, h, T, d)
+        return ops.transpose(_fused.reshape(x, (B, T, self.h, d)), (0, 2, 1, 3))  # (B, h, T, d)
 
     def _check_inputs(self, queries, keys, values):
         shapes = {"queries": queries.shape, "keys": keys.shape, "values": values.shape}

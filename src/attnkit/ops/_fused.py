@@ -80,6 +80,20 @@ def _jax(queries, keys, values, keep, causal, scale):
     return out
 
 
+def reshape(x, shape):
+    """`keras.ops.reshape(x, shape)`; on torch tensors `torch.reshape` directly.
+
+    keras.ops.reshape flattens its arguments to look for symbolic tensors: 34 us a call on torch
+    against 1.4 us for torch.reshape, ~5% of a small layer's forward pass.
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            return torch.reshape(x, tuple(shape))
+    return ops.reshape(x, shape)
+
+
 def linear(x, kernel, bias, activation):
     """Fused activation(x @ kernel + bias) on torch, or None (the caller's `keras.ops` path then runs).
 
