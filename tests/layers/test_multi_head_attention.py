@@ -11,6 +11,7 @@ import attnkit
 import reference
 from attnkit._validation import ArgumentTypeError
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.ops import _fused
 from backend_utils import BACKEND, to_numpy, value_and_grads
 from layer_checks import assert_same_on_every_backend, numpy_outputs, set_mha_weights
 
@@ -373,10 +374,16 @@ def test_dropout_only_when_training(rng):
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
-def test_projections_of_one_input_in_one_matmul_equal_separate_ones(rng, use_bias):
+def test_projections_of_one_input_in_one_matmul_equal_separate_ones(rng, monkeypatch, use_bias):
     """Self-attention (one input: [W_q | W_k | W_v] in one matmul) and cross-attention (keys is values:
     [W_k | W_v]) equal the same inputs passed as distinct tensors, projected one by one, and the
-    reference; d_k != d_v, so a wrong split shows."""
+    reference; d_k != d_v, so a wrong split shows. The one-matmul path runs on torch only (the
+    fastest there, not under XLA); it is forced here so that every backend checks it."""
+    monkeypatch.setattr(_fused, "fuses_projections", lambda: True)
+    widths = []  # how many projections each one-matmul call joined
+    together_call = attnkit.MultiHeadAttention._project_together
+    monkeypatch.setattr(attnkit.MultiHeadAttention, "_project_together",
+                        lambda self, x, projections: widths.append(len(projections)) or together_call(self, x, projections))
     layer, weights = make_layer(rng, d_q=6, d_kin=6, d_vin=6, use_bias=use_bias)
     x, memory, _ = inputs(rng, d_q=6, d_kin=6)
     x_t, memory_t = ops.convert_to_tensor(x), ops.convert_to_tensor(memory)
@@ -391,6 +398,7 @@ def test_projections_of_one_input_in_one_matmul_equal_separate_ones(rng, use_bia
     _, (grad_together,) = value_and_grads(lambda a: layer(a), x)
     _, (grad_apart,) = value_and_grads(lambda a: layer(a, a + 0, a * 1), x)
     np.testing.assert_allclose(grad_together, grad_apart, rtol=0, atol=1e-5)
+    assert 3 in widths and 2 in widths
 
 
 def test_fused_and_explicit_paths_equal_with_gradients_and_empty_rows(rng):

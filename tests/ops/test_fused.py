@@ -10,7 +10,7 @@ import pytest
 from keras import ops
 
 import reference
-from attnkit.ops import attention, broadcast_mask, fused_attention, scaled_dot_product_attention
+from attnkit.ops import _fused, attention, broadcast_mask, fused_attention, scaled_dot_product_attention
 from backend_utils import BACKEND, to_numpy, value_and_grads
 
 ATOL = 1e-5
@@ -129,6 +129,28 @@ def test_fused_equals_explicit_forward_and_gradients_float32(rng, case):
         # Rows with nothing to attend to: exactly zero output and no gradient into their query.
         assert (out[empty] == 0).all() and (d_q[empty] == 0).all()
         assert all(np.isfinite(g).all() for g in (d_q, d_k, d_v))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax's kernel needs the jax backend")
+@pytest.mark.parametrize("case", ["4d-square-empty-rows", "4d-causal-square", "4d-causal-wide-empty-rows"])
+def test_jax_kernel_equals_the_reference(rng, case):
+    """jax.nn.dot_product_attention serves jax on accelerators only (on CPU the explicit path is
+    faster), so it is called here directly, with attnkit's empty-row handling around it."""
+    lead, t_q, t_k, d_k, d_v, causal, masked = CASES[case]
+    q, k, v = _inputs(rng, lead, t_q, t_k, d_k, d_v)
+    keep = with_empty_rows(rng, t_q, t_k, (lead[0], 1, t_q, t_k)) if masked else np.ones((1, 1, t_q, t_k), bool)
+    square_causal = causal and t_q == t_k and not masked  # the kernel's own flag, as fused_attention passes it
+    kernel_keep = None if square_causal else keep & reference.causal_keep(t_q, t_k) if causal else keep
+    ref_out, ref_grads = reference_grads(q, k, v, keep & reference.causal_keep(t_q, t_k) if causal else keep)
+
+    def kernel(q, k, v):
+        return _fused._jax(q, k, v, None if kernel_keep is None else ops.convert_to_tensor(kernel_keep),
+                           square_causal, 1.0 / np.sqrt(d_k))
+
+    out, grads = grads_of(kernel, (q, k, v))
+    np.testing.assert_allclose(out, ref_out, rtol=0, atol=ATOL)
+    for grad, ref_grad in zip(grads, ref_grads):
+        np.testing.assert_allclose(grad, ref_grad, rtol=0, atol=ATOL)
 
 
 def test_empty_rows_have_zero_weights(rng):

@@ -111,7 +111,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_padding = broadcast_mask(ops.expand_dims(key_padding, 1), scores_shape)  # (B, 1, 1, T_k)
             mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
 
-        if queries is keys and keys is values and _plain(self.W_q, self.W_k, self.W_v):
+        if queries is keys and keys is values and _fused.fuses_projections() and _plain(self.W_q, self.W_k, self.W_v):
             q, k, v = self._project_together(queries, (self.W_q, self.W_k, self.W_v))
         else:
             q = None  # projected by attend_projected
@@ -156,7 +156,7 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             (k, v): (B, h, T_k, d_k) and (B, h, T_k, d_v).
         """
-        if keys is values and _plain(self.W_k, self.W_v):
+        if keys is values and _fused.fuses_projections() and _plain(self.W_k, self.W_v):
             return tuple(self._project_together(keys, (self.W_k, self.W_v)))  # the usual cross-attention
         k, v = call_sublayer(self.W_k, keys), call_sublayer(self.W_v, values)  # (B, T_k, h * d_k), (B, T_k, h * d_v)
         return self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
