@@ -137,12 +137,8 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel = ops.concatenate([ops.cast(d.kernel, dtype) for d in projections], axis=-1)  # (d_in, sum h * d)
         bias = ops.concatenate([ops.cast(d.bias, dtype) for d in projections]) if self.use_bias else None
         y = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, sum h * d)
-        heads, start = [], 0
-        for d in projections:
-            # Slicing, not ops.split: a view on torch, without split's per-call overhead.
-            heads.append(self._split_heads(y[..., start : start + d.units], d.units // self.h))  # (B, h, T, d)
-            start += d.units
-        return heads
+        parts = _fused.split_last(y, [d.units for d in projections])  # (B, T, h * d) each
+        return [self._split_heads(part, d.units // self.h) for part, d in zip(parts, projections)]  # (B, h, T, d)
 
     def project_keys_values(self, keys, values):
         """Step 1 for keys and values: W_k, W_v and the split into heads.

@@ -104,6 +104,26 @@ def reshape(x, shape):
     return ops.reshape(x, shape)
 
 
+def split_last(x, sizes):
+    """`x` (..., sum(sizes)) split along its last axis into parts (..., size), in order.
+
+    On torch `torch.split`: views, and a backward that concatenates the parts' gradients. Slicing
+    would be views too, but each slice's backward fills a zero tensor as wide as `x` and the parts
+    are added up: MHA fwd+bwd 226 vs 209 ms (B=32, T=128, d_model=512). keras.ops.split costs
+    ~300 us a call on torch. Under XLA (jax, tensorflow), slices, which it fuses.
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            return list(torch.split(x, list(sizes), dim=-1))
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(x[..., start : start + size])
+        start += size
+    return parts
+
+
 def linear(x, kernel, bias, activation):
     """Fused activation(x @ kernel + bias) on torch, or None (the caller's `keras.ops` path then runs).
 
