@@ -26,3 +26,14 @@ def _float32_policy_and_seed():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def default_scores_budget(monkeypatch):
+    """The explicit path's scores budget at its default (2 GiB) during the test, and after it."""
+    from attnkit.ops import set_max_scores_bytes
+
+    monkeypatch.delenv("ATTNKIT_MAX_SCORES_BYTES", raising=False)
+    set_max_scores_bytes(None)
+    yield
+    set_max_scores_bytes(None)

@@ -16,12 +16,7 @@ from backend_utils import BACKEND, to_numpy
 MiB = 2**20
 
 
-@pytest.fixture(autouse=True)
-def _default_budget(monkeypatch):
-    monkeypatch.delenv("ATTNKIT_MAX_SCORES_BYTES", raising=False)
-    set_max_scores_bytes(None)
-    yield
-    set_max_scores_bytes(None)
+pytestmark = pytest.mark.usefixtures("default_scores_budget")
 
 
 def qkv(T_q, T_k, B=1, h=2, d_k=4):
