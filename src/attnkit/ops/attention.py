@@ -38,7 +38,7 @@ HALF_DTYPES = ("float16", "bfloat16")
 DEFAULT_MAX_SCORES_BYTES = 2 * 1024**3
 # The blocked path (backends without a memory-efficient kernel) takes over when the scores would
 # exceed BLOCKED_ABOVE_BYTES, with blocks of at most QUERY_BLOCK queries and BLOCKED_ABOVE_BYTES of
-# scores. 128 queries measured fastest on jax and tensorflow at T = 4096 and 16384, h = 8 (16 to 256
+# scores. 128 queries measured fastest on jax and tensorflow at T = 4096 and 16384, h = 8 (16 to 512
 # tried: smaller blocks under-use the GEMMs, larger ones fall out of the cache).
 BLOCKED_ABOVE_BYTES = 64 * 1024**2
 QUERY_BLOCK = 128
@@ -275,8 +275,6 @@ def fused_attention(
 
 def _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed):
     dtype = keras.backend.standardize_dtype(queries.dtype)
-    # float16 scores overflow (max 65504) once |q . k| * scale is large, e.g. inputs of 100 with
-    # d_k = 64: compute them in float32, where the softmax runs anyway, as the fused kernels do.
     check_scores_budget((*queries.shape[:-1], keys.shape[-2]), _scores_dtype(dtype))
     scores = _scores(queries, keys, scale)  # (..., T_q, T_k)
     lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
@@ -290,6 +288,8 @@ def _explicit(queries, keys, values, mask, causal, scale, dropout, training, see
 
 def _scores(queries, keys, scale):
     """scale * Q K^T, (..., T_q, T_k), in float32 for half-precision inputs."""
+    # float16 scores overflow (max 65504) once |q . k| * scale is large, e.g. inputs of 100 with
+    # d_k = 64: compute them in float32, where the softmax runs anyway, as the fused kernels do.
     score_dtype = _scores_dtype(keras.backend.standardize_dtype(queries.dtype))
     # Scale the queries, not the scores: fewer multiplications.
     scaled_queries = ops.cast(queries, score_dtype) * ops.cast(scale, score_dtype)
@@ -312,7 +312,7 @@ def _blocked(queries, keys, values, keep, causal, scale, block):
         block: queries per block, from `query_block_size`.
     """
     dtype = keras.backend.standardize_dtype(queries.dtype)
-    *lead, q_len, d_k = queries.shape
+    *lead, q_len, _ = queries.shape
     k_len = keys.shape[-2]
     n = -(-q_len // block)
     pad = n * block - q_len  # padded query rows attend like any other and are dropped at the end
