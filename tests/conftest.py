@@ -9,6 +9,13 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests import reference.py and b
 import attnkit  # noqa: E402,F401  (chooses the Keras backend first)
 import keras  # noqa: E402
 
+if keras.backend.backend() == "jax":
+    import jax
+
+    # jax's GPU default for float32 matmuls is TF32 (~1e-3 relative); the references are float64
+    # and the tolerances float32's. No effect on CPU, where float32 is already the default.
+    jax.config.update("jax_default_matmul_precision", "highest")
+
 
 def pytest_report_header(config):
     return f"keras backend: {keras.backend.backend()}"

@@ -31,6 +31,7 @@ LOSS_RTOL = 1e-4
 def _environment(backend):
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
     if backend == "jax":
+        env["JAX_PLATFORMS"] = "cpu"  # two CPU devices even where jax also sees a GPU
         # Two CPU devices; and less XLA optimisation, which halves the compile time (the same flags in
         # both runs, so the comparison holds).
         env["XLA_FLAGS"] = (

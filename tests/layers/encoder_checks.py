@@ -97,9 +97,14 @@ def mixed_bfloat16_close(make_layer, inputs, atol):
 
 
 def fit_lowers_loss(model, x, y, epochs=3):
-    """Compiles `model` with Adam and MSE, fits a few epochs, and checks the loss went down."""
+    """Compiles `model` with Adam and MSE, fits a few epochs, and checks the loss went down.
+
+    The losses compared are evaluated without dropout: the training losses of single epochs move with
+    the dropout draws, which differ between devices (3 epochs on a GPU went 0.197, 0.149, 0.259).
+    """
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+    before = model.evaluate(x, y, batch_size=len(y), verbose=0)
     history = model.fit(x, y, epochs=epochs, batch_size=len(y), verbose=0)
-    losses = history.history["loss"]
-    assert np.all(np.isfinite(losses))
-    assert losses[-1] < losses[0], losses
+    after = model.evaluate(x, y, batch_size=len(y), verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert after < before, (before, after)

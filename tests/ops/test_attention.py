@@ -181,7 +181,8 @@ def test_every_shape_of_one_mask_gives_identical_outputs(rng, pattern):
     for out, weights, fused in results[1:]:
         np.testing.assert_array_equal(out, results[0][0])
         np.testing.assert_array_equal(weights, results[0][1])
-        np.testing.assert_array_equal(fused, results[0][2])
+        # Exactly equal on CPU; on a GPU torch picks its kernel by the mask's layout (3.6e-7 seen on an H100).
+        np.testing.assert_allclose(fused, results[0][2], rtol=1e-6, atol=1e-6)
     assert (results[0][1] == 0).any()  # the mask did hide something
 
 

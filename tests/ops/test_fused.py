@@ -131,26 +131,33 @@ def test_fused_equals_explicit_forward_and_gradients_float32(rng, case):
         assert all(np.isfinite(g).all() for g in (d_q, d_k, d_v))
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="jax's kernel needs the jax backend")
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="tensorflow has no attention kernel")
 @pytest.mark.parametrize("case", ["4d-square-empty-rows", "4d-causal-square", "4d-causal-wide-empty-rows"])
-def test_jax_kernel_equals_the_reference(rng, case):
-    """jax.nn.dot_product_attention serves jax on accelerators only (on CPU the explicit path is
-    faster), so it is called here directly, with attnkit's empty-row handling around it."""
+def test_accelerator_kernel_equals_the_reference(rng, case):
+    """The kernels attnkit calls on accelerators only, called here directly on the CPU, with attnkit's
+    empty-row handling around them: jax.nn.dot_product_attention (on CPU the explicit path is
+    faster), and torch's SDPA with a keep-mask off the CPU (whose empty rows need repairing)."""
     lead, t_q, t_k, d_k, d_v, causal, masked = CASES[case]
     q, k, v = _inputs(rng, lead, t_q, t_k, d_k, d_v)
     keep = with_empty_rows(rng, t_q, t_k, (lead[0], 1, t_q, t_k)) if masked else np.ones((1, 1, t_q, t_k), bool)
-    square_causal = causal and t_q == t_k and not masked  # the kernel's own flag, as fused_attention passes it
-    kernel_keep = None if square_causal else keep & reference.causal_keep(t_q, t_k) if causal else keep
-    ref_out, ref_grads = reference_grads(q, k, v, keep & reference.causal_keep(t_q, t_k) if causal else keep)
+    full_keep = keep & reference.causal_keep(t_q, t_k) if causal else keep
+    ref_out, ref_grads = reference_grads(q, k, v, full_keep)
+    scale = 1.0 / np.sqrt(d_k)
 
     def kernel(q, k, v):
+        if BACKEND == "torch":
+            return _fused._torch_accelerator(q, k, v, ops.convert_to_tensor(full_keep), scale)
+        square_causal = causal and t_q == t_k and not masked  # the kernel's own flag, as fused_attention passes it
+        kernel_keep = None if square_causal else full_keep
         return _fused._jax(q, k, v, None if kernel_keep is None else ops.convert_to_tensor(kernel_keep),
-                           square_causal, 1.0 / np.sqrt(d_k))
+                           square_causal, scale)
 
     out, grads = grads_of(kernel, (q, k, v))
     np.testing.assert_allclose(out, ref_out, rtol=0, atol=ATOL)
     for grad, ref_grad in zip(grads, ref_grads):
         np.testing.assert_allclose(grad, ref_grad, rtol=0, atol=ATOL)
+    empty = ~np.broadcast_to(full_keep, (*lead, t_q, t_k)).any(-1)  # (*lead, T_q)
+    assert empty.any() == masked and (out[empty] == 0).all()
 
 
 def test_empty_rows_have_zero_weights(rng):

@@ -56,8 +56,33 @@ def fuses_projections():
 def _torch(queries, keys, values, keep, causal, scale):
     import torch.nn.functional as F
 
-    # torch's kernels already give zero output (and zero gradients) on rows with nothing to attend to.
+    if keep is not None and queries.device.type != "cpu":
+        return _torch_accelerator(queries, keys, values, keep, scale)
+    # torch's CPU kernels already give zero output (and zero gradients) on rows with nothing to attend
+    # to; without a keep-mask no row is empty (square causal keeps the diagonal).
     return F.scaled_dot_product_attention(queries, keys, values, attn_mask=keep, is_causal=causal, scale=scale)
+
+
+def _torch_accelerator(queries, keys, values, keep, scale):
+    """torch's SDPA with a keep-mask off the CPU. There the memory-efficient kernel returns an average
+    of the values on rows with nothing to attend to (seen on an H100 in float16 and bfloat16), so
+    such rows are repaired as for jax's kernel."""
+    import torch.nn.functional as F
+
+    keep, has_key = _open_empty_rows(keep)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=keep, scale=scale)
+    return out.masked_fill(has_key.logical_not(), 0)
+
+
+def _open_empty_rows(keep):
+    """(keep with its empty rows opened to every key, has_key (..., T_q|1, 1)).
+
+    Kernels that fill masked scores with a large negative number make a row with no key left uniform
+    rather than empty: letting such rows see everything keeps the kernel finite, and the caller then
+    zeroes their output, which also zeroes their gradients.
+    """
+    has_key = ops.any(keep, axis=-1, keepdims=True)
+    return ops.logical_or(keep, ops.logical_not(has_key)), has_key
 
 
 def _jax(queries, keys, values, keep, causal, scale):
@@ -72,21 +97,17 @@ def _jax(queries, keys, values, keep, causal, scale):
         or keras.backend.standardize_dtype(queries.dtype) not in dtypes
     ):
         return None
-    empty_rows = None
+    has_key = None
     if keep is not None:
-        # jax fills masked scores with a large negative number, so a row with no key left would be
-        # uniform: let such rows see everything, then zero their output.
-        has_key = ops.any(keep, axis=-1, keepdims=True)  # (B|1, h|1, T_q|1, 1)
-        keep = ops.logical_or(keep, ops.logical_not(has_key))
-        empty_rows = has_key
+        keep, has_key = _open_empty_rows(keep)  # jax fills masked scores with a large negative number
     # jax wants (B, T, h, d); attnkit's layout is (B, h, T, d).
     out = jax.nn.dot_product_attention(
         ops.swapaxes(queries, 1, 2), ops.swapaxes(keys, 1, 2), ops.swapaxes(values, 1, 2),
         mask=keep, scale=scale, is_causal=causal,
     )
     out = ops.swapaxes(out, 1, 2)  # (B, h, T_q, d_v)
-    if empty_rows is not None:
-        out = ops.where(empty_rows, out, ops.zeros((), out.dtype))
+    if has_key is not None:
+        out = ops.where(has_key, out, ops.zeros((), out.dtype))
     return out
 
 
