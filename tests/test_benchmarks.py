@@ -1,0 +1,84 @@
+"""The benchmark programs in benchmarks/ (`make bench`): their arithmetic and their memory probe.
+
+The timings themselves are not tested (the machines are shared and noisy); what is tested is that the
+table reports anchor / attnkit and the fraction of peak correctly, that the rounds are interleaved,
+and that the long-sequence probe measures a peak and reports the explicit path's refusal.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+
+import run  # noqa: E402
+import timing  # noqa: E402
+
+
+def test_interleaved_medians_alternate_the_runs_and_take_medians(monkeypatch):
+    # A fake clock: each timed run advances it by the next of its durations (warm-up runs by nothing).
+    durations = {"a": iter([5, 1, 3]), "b": iter([2, 2, 9])}
+    now, calls = [0.0], []
+
+    def run_of(name):
+        def fn():
+            calls.append(name)
+            if len(calls) > 2:  # after the two warm-up calls
+                now[0] += next(durations[name])
+        return fn
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    medians = timing.interleaved_medians({"a": run_of("a"), "b": run_of("b")}, rounds=3, warmup=1)
+    assert calls == ["a", "b"] * 4
+    assert medians == {"a": 3, "b": 2}
+
+
+def test_table_reports_anchor_over_attnkit_and_the_fraction_of_peak():
+    rows = [
+        dict(workload="MHA", backend="torch", dtype="float32", attnkit_s=0.2, anchor="keras", anchor_s=0.25,
+             gflop=30.0, note="n"),
+        dict(workload="Encoder", backend="torch", dtype="bfloat16", attnkit_s=0.5, anchor="torch", anchor_s=0.4,
+             gflop=10.0, note=""),
+        dict(workload="(jax rows failed: boom)", backend="jax", dtype="", attnkit_s=None, anchor="", anchor_s=None,
+             gflop=None, note=""),
+    ]
+    lines = run.table(rows, {"float32": 200.0, "bfloat16": 40.0}).splitlines()
+    assert lines[0].startswith("| workload | backend | dtype | attnkit ms | anchor | anchor ms | anchor/attnkit")
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert cells[0][3:8] == ["200.0", "keras", "250.0", "**1.25x**", "150 (75%)"]  # 30 GFLOP in 0.2 s of 200
+    assert cells[1][6:8] == ["**0.80x**", "20 (50%)"]  # bfloat16 rows against the bfloat16 peak
+    assert cells[2][0] == "(jax rows failed: boom)" and cells[2][3] == ""
+
+
+def long_attention(case, T, budget=None):
+    env = {**os.environ, "KERAS_BACKEND": keras.backend.backend()}
+    if budget is not None:
+        env["ATTNKIT_MAX_SCORES_BYTES"] = str(budget)
+    out = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "long_attention.py"), case, "--T", str(T)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_long_attention_probe_times_the_fused_path_and_measures_its_peak():
+    result = long_attention("attnkit", 1024)
+    assert result["backend"] == keras.backend.backend() and result["T"] == 1024
+    assert result["error"] is None and result["seconds"] > 0 and result["peak_bytes"] >= 0
+
+
+def test_long_attention_probe_reports_the_explicit_paths_refusal():
+    # (1, 8, 1024, 1024) float32 scores are 32 MiB; a 1 MiB budget refuses them before allocating.
+    result = long_attention("explicit", 1024, budget=2**20)
+    assert result["seconds"] is None and "above the budget" in result["error"]
+    assert result["peak_bytes"] < 32 * 2**20
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the anchor case is torch's SDPA")
+def test_long_attention_probe_runs_the_torch_anchor():
+    result = long_attention("torch", 1024)
+    assert result["error"] is None and result["seconds"] > 0
