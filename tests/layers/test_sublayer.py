@@ -8,7 +8,7 @@ import pytest
 from keras import ops
 
 import attnkit
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from backend_utils import to_numpy
 
 B, T, D = 2, 5, 8
@@ -100,3 +100,25 @@ def test_attend_projected_called_directly_casts_numpy_queries(rng):
     got = mha.attend_projected(x, k, v)
     assert keras.backend.standardize_dtype(got.dtype) == "float32"
     np.testing.assert_allclose(to_numpy(got), to_numpy(mha(x.astype("float32"))), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options, policy",
+    [
+        (dict(), "float32"),
+        (dict(center=False), "float32"),
+        (dict(scale=False, epsilon=1e-3), "float32"),
+        (dict(axis=[1, 2]), "float32"),  # not the last axis alone: Keras's own call
+        (dict(), "mixed_bfloat16"),  # float32 statistics of bfloat16 inputs: Keras's own call
+    ],
+)
+def test_call_layer_norm_equals_the_keras_layer(rng, options, policy):
+    norm = keras.layers.LayerNormalization(dtype=policy, **options)
+    norm.build((B, T, D))
+    # Non-trivial scale and offset, so that dropping either would show.
+    for weight in norm.weights:
+        weight.assign(rng.standard_normal(weight.shape))
+    x = ops.cast(ops.convert_to_tensor(3.0 + 2.0 * rng.standard_normal((B, T, D))), norm.compute_dtype)
+    got = call_layer_norm(norm, x)
+    assert keras.backend.standardize_dtype(got.dtype) == norm.compute_dtype
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(norm(x)))

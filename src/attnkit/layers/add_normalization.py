@@ -11,7 +11,7 @@ Legend: B batch, T sequence length, d_model model width.
 import keras
 
 from attnkit._validation import positive_float
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_layer_norm
 from attnkit.ops.masks import _shape_str
 
 
@@ -61,7 +61,7 @@ class AddNormalization(keras.layers.Layer):
                 "`x` and `sublayer_x` must have the same shape to be added. "
                 f"Received: x.shape={_shape_str(x.shape)}, sublayer_x.shape={_shape_str(sublayer_x.shape)}"
             )
-        return call_sublayer(self.layer_norm, x + sublayer_x)  # (B, T, d_model)
+        return call_layer_norm(self.layer_norm, x + sublayer_x)  # (B, T, d_model)
 
     def compute_output_shape(self, x_shape, sublayer_x_shape=None):
         return tuple(x_shape)

@@ -16,7 +16,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.encoder_layer import key_padding
 from attnkit.layers.feed_forward import FeedForward, check_activation
@@ -182,7 +182,7 @@ class DecoderLayer(keras.layers.Layer):
         sublayers = (attention(self_attend), attention(cross_attend), feed_forward)
         for sublayer, dropout, norm in zip(sublayers, self.dropouts, self.norms):
             if self.norm_first:
-                x = x + call_sublayer(dropout, sublayer(call_sublayer(norm, x)), training=training)  # (B, T, d_model)
+                x = x + call_sublayer(dropout, sublayer(call_layer_norm(norm, x)), training=training)  # (B, T, d_model)
             else:
                 x = call_sublayer(norm, x, call_sublayer(dropout, sublayer(x), training=training))  # (B, T, d_model)
         return x, weights[0], weights[1]

@@ -12,7 +12,7 @@ import keras
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
 from attnkit.layers._keras_mask import keras_mask_of, with_keras_mask
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
 from attnkit.layers.feed_forward import check_activation
@@ -156,7 +156,7 @@ class Encoder(keras.layers.Layer):
             else:
                 x = call_sublayer(layer, x, padding_mask, training=training)  # (B, T, d_model)
         if self.final_norm is not None:
-            x = call_sublayer(self.final_norm, x)
+            x = call_layer_norm(self.final_norm, x)
         if keras_mask is not None:
             x = with_keras_mask(x, keras_mask)  # as the layers' `__call__` would have propagated it
         return (x, weights) if return_attention_weights else x

@@ -15,7 +15,7 @@ from keras import ops
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
 from attnkit.layers._keras_mask import keras_mask_of
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.feed_forward import FeedForward, check_activation
 from attnkit.layers.multi_head_attention import MultiHeadAttention
@@ -137,9 +137,9 @@ class EncoderLayer(keras.layers.Layer):
         mask = key_padding(x, padding_mask)  # (B, 1, T) or None
         # The sub-layers are called without Keras's per-call bookkeeping (see `call_sublayer`).
         if self.norm_first:
-            attended, weights = self._attend(call_sublayer(self.norm1, x), mask, training, return_attention_weights)
+            attended, weights = self._attend(call_layer_norm(self.norm1, x), mask, training, return_attention_weights)
             x = x + call_sublayer(self.dropout1, attended, training=training)  # (B, T, d_model)
-            ffn = call_sublayer(self.feed_forward, call_sublayer(self.norm2, x))
+            ffn = call_sublayer(self.feed_forward, call_layer_norm(self.norm2, x))
             x = x + call_sublayer(self.dropout2, ffn, training=training)  # (B, T, d_model)
         else:
             attended, weights = self._attend(x, mask, training, return_attention_weights)  # (B, T, d_model)

@@ -134,11 +134,11 @@ class MultiHeadAttention(keras.layers.Layer):
             One (B, h, T, d) tensor per projection.
         """
         dtype = self.compute_dtype
-        kernel = ops.concatenate([ops.cast(d.kernel, dtype) for d in projections], axis=-1)  # (d_in, sum h * d)
-        bias = ops.concatenate([ops.cast(d.bias, dtype) for d in projections]) if self.use_bias else None
+        kernel = _fused.concat_last([d.kernel for d in projections], dtype)  # (d_in, sum h * d)
+        bias = _fused.concat_last([d.bias for d in projections], dtype) if self.use_bias else None  # (sum h * d,)
         y = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, sum h * d)
         parts = _fused.split_last(y, [d.units for d in projections])  # (B, T, h * d) each
-        return [self._split_heads(part, d.units // self.h) for part, d in zip(parts, projections)]  # (B, h, T, d)
+        return [_fused.split_heads(part, self.h, d.units // self.h) for part, d in zip(parts, projections)]  # (B, h, T, d)
 
     def project_keys_values(self, keys, values):
         """Step 1 for keys and values: W_k, W_v and the split into heads.
@@ -155,7 +155,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if keys is values and _fused.fuses_projections() and _plain(self.W_k, self.W_v):
             return tuple(self._project_together(keys, (self.W_k, self.W_v)))  # the usual cross-attention
         k, v = call_sublayer(self.W_k, keys), call_sublayer(self.W_v, values)  # (B, T_k, h * d_k), (B, T_k, h * d_v)
-        return self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)
+        return _fused.split_heads(k, self.h, self.d_k), _fused.split_heads(v, self.h, self.d_v)
 
     def attend_projected(
         self, queries, k, v, mask=None, *, causal=False, return_attention_weights=False, training=None,
@@ -175,7 +175,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # 1. project the queries, and split the heads: (B, T_q, h * d_k) -> (B, h, T_q, d_k)
         q = projected_queries
         if q is None:
-            q = self._split_heads(call_sublayer(self.W_q, queries), self.d_k)
+            q = _fused.split_heads(call_sublayer(self.W_q, queries), self.h, self.d_k)
         # 2. attend in every head at once
         options = dict(causal=causal, dropout=self.dropout, training=bool(training), seed=self.seed_generator)
         if return_attention_weights:
@@ -183,15 +183,10 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             heads = fused_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
         # 3. concatenate the heads: (B, h, T_q, d_v) -> (B, T_q, h * d_v)
-        B, T_q = ops.shape(queries)[0], ops.shape(queries)[1]
-        concat = _fused.reshape(ops.transpose(heads, (0, 2, 1, 3)), (B, T_q, self.h * self.d_v))
+        concat = _fused.merge_heads(heads)
         # 4. project to d_model
         output = call_sublayer(self.W_o, concat)  # (B, T_q, d_model)
         return (output, weights) if return_attention_weights else output
-
-    def _split_heads(self, x, d):
-        B, T = ops.shape(x)[0], ops.shape(x)[1]
-        return ops.transpose(_fused.reshape(x, (B, T, self.h, d)), (0, 2, 1, 3))  # (B, h, T, d)
 
     def _check_inputs(self, queries, keys, values):
         shapes = {"queries": queries.shape, "keys": keys.shape, "values": values.shape}
