@@ -135,7 +135,8 @@ def main():
     load_after = os.getloadavg()
 
     print(f"attnkit benchmarks: {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
-          f"{'quick, ' if args.quick else ''}{rounds} interleaved rounds per workload, medians")
+          f"{'quick, ' if args.quick else ''}medians of interleaved rounds: at least {rounds} per workload, "
+          f"and at least {workloads.SECONDS_PER_ROUND * rounds:.0f} s of them")
     print(f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     print(f"practical peak (torch.mm 2048^3, A @ B^T): float32 {peaks['float32']:.0f} GFLOP/s, "

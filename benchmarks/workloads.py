@@ -20,6 +20,14 @@ import torch  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
 BACKEND = keras.backend.backend()
+# Each workload keeps taking interleaved rounds for at least this many seconds per requested round
+# (12 s for `make bench`'s 3 rounds), so that a fast workload's median is of ~15-25 samples, not 3.
+SECONDS_PER_ROUND = 4.0
+
+
+def medians(runs, rounds, **options):
+    """`interleaved_medians` of `runs` over at least `rounds` rounds and SECONDS_PER_ROUND * rounds seconds."""
+    return interleaved_medians(runs, rounds=rounds, min_seconds=SECONDS_PER_ROUND * rounds, **options)
 
 
 def row(workload, dtype, attnkit_s, anchor, anchor_s, gflop, note=""):
@@ -103,11 +111,11 @@ def mha(rounds):
     def torch_step():
         theirs_torch(xt, xt, xt, need_weights=False)[0].sum().backward()
 
-    times = interleaved_medians({
+    times = medians({
         "attnkit": keras_forward_backward(ours, x),
         "torch": torch_step,
         "keras": keras_forward_backward(theirs_keras, x, n_inputs=2),
-    }, rounds=rounds)
+    }, rounds)
     gflop = 3 * layer_gflop(B, T, T, D, 0)  # backward ~ twice the forward
     name = f"MHA fwd+bwd B={B} T={T} d_model={D} h={h}"
     return [row(name, "float32", times["attnkit"], "torch.nn.MultiheadAttention", times["torch"], gflop),
@@ -134,7 +142,7 @@ def encoder(rounds, policy):
             theirs(xt)
 
     run = keras_inference(lambda x: ours.encode(x, training=False), x)
-    times = interleaved_medians({"attnkit": run, "torch": torch_run}, rounds=rounds)
+    times = medians({"attnkit": run, "torch": torch_run}, rounds)
     anchor = "torch.nn.TransformerEncoder (eval, no_grad" + (", autocast bf16)" if half else ")")
     note = "attnkit: encoder.encode(x, training=False)" + (
         " under torch.no_grad()" if BACKEND == "torch" else ", compiled")
@@ -195,10 +203,10 @@ def training_step(rounds):
         ((losses * w).sum() / w.numel()).backward()
         optimizer.step()
 
-    times = interleaved_medians({
+    times = medians({
         "attnkit": lambda: model.train_on_batch((source, dec_in), dec_out, sample_weight=weights),
         "torch": torch_step,
-    }, rounds=max(rounds, 3), warmup=3)
+    }, max(rounds, 3), warmup=3)
     S, T, D, d_ff, n = config.source_length, dec_in.shape[1], config.d_model, config.d_ff, config.n
     forward = n * layer_gflop(batch, S, S, D, d_ff) + n * (
         layer_gflop(batch, T, T, D, d_ff) + layer_gflop(batch, T, S, D, 0)) + 2 * batch * T * D * tokenizer.vocab_size / 1e9
@@ -215,10 +223,10 @@ def embeddings(rounds):
     ours = attnkit.load_pretrained()
     theirs = SentenceTransformer(ours.path, device="cpu")
     warnings.simplefilter("ignore", UserWarning)
-    times = interleaved_medians({
+    times = medians({
         "attnkit": lambda: ours.encode(texts, batch_size=batch),
         "torch": lambda: theirs.encode(texts, batch_size=batch, convert_to_numpy=True),
-    }, rounds=rounds)
+    }, rounds)
     _, mask, _ = ours.tokenize(texts)
     lengths = np.sort(mask.sum(axis=1))[::-1]
     D, d_ff, n = 384, 1536, 6

@@ -82,3 +82,15 @@ def test_long_attention_probe_reports_the_explicit_paths_refusal():
 def test_long_attention_probe_runs_the_torch_anchor():
     result = long_attention("torch", 1024)
     assert result["error"] is None and result["seconds"] > 0
+
+
+def test_interleaved_medians_keep_going_until_min_seconds(monkeypatch):
+    now, calls = [0.0], []
+
+    def one_second():
+        calls.append(1)
+        now[0] += 1.0
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    timing.interleaved_medians({"a": one_second}, rounds=2, warmup=0, min_seconds=5.0)
+    assert len(calls) == 5  # 2 rounds asked for, 5 needed to fill 5 seconds
