@@ -13,6 +13,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
+from attnkit.layers._sublayer import call_layer_norm
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_layer import DecoderLayer
 from attnkit.layers.feed_forward import check_activation
@@ -156,7 +157,7 @@ class Decoder(keras.layers.Layer):
             if return_attention_weights:
                 cross_weights.append(result[2])
         if self.final_norm is not None:
-            y = self.final_norm(y)
+            y = call_layer_norm(self.final_norm, y)  # once per generated token: no Keras dispatch
         return (y, new_caches, cross_weights) if return_attention_weights else (y, new_caches)
 
     def _embed(self, ids, start):
