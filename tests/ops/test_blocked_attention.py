@@ -39,7 +39,11 @@ def test_block_size_follows_the_threshold_and_the_budget():
     assert attention.query_block_size((1, 8, 4096, 4096), "float32") == 128  # 512 MiB of scores
     assert attention.query_block_size((1, 8, 16384, 16384), "bfloat16") == 128  # half: float32 scores
     assert attention.query_block_size((1, 16, 4096, 65536), "float32") == 16  # 4 MiB per query
-    assert attention.query_block_size((None, 8, 4096, 4096), "float32") is None  # symbolic: unknown size
+    # A traced batch of unknown size counts as 1; two unknown lead dimensions, or an unknown length, give up.
+    assert attention.query_block_size((None, 8, 4096, 4096), "float32") == 128
+    assert attention.query_block_size((None, 8, 1024, 1024), "float32") is None  # 32 MiB per example
+    assert attention.query_block_size((None, None, 4096, 4096), "float32") is None
+    assert attention.query_block_size((1, 8, None, 4096), "float32") is None
     set_max_scores_bytes(100)
     assert attention.query_block_size((1, 2, 5, 7), "float32") == 1  # 56 bytes per query
     assert attention.query_block_size((1, 2, 5, 3), "float32") == 4  # 24 bytes per query
@@ -102,3 +106,42 @@ def test_long_sequence_memory_does_not_grow_as_the_scores(rng):
     set_max_scores_bytes(2 * 1024 * MiB - 1)
     with pytest.raises(MemoryError, match="2.00 GiB"):
         scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a batch of unknown size is traced by tf.function")
+def test_blocks_under_tf_function_with_a_batch_of_unknown_size(monkeypatch):
+    """Keras's fit may retrace with the batch dimension unknown: the blocks are sized per example."""
+    import tensorflow as tf
+
+    q, k, v = qkv(9, 7, B=3)
+    mask = np.random.default_rng(1).random((3, 9, 7)) < 0.7  # (B, T_q, T_k)
+    expected = to_numpy(scaled_dot_product_attention(q, k, v, mask, causal=True)[0])
+    calls = []
+    blocked = attention._blocked
+    monkeypatch.setattr(attention, "_blocked", lambda *args: calls.append(args[-1]) or blocked(*args))
+    set_max_scores_bytes(2 * 7 * 4 * 4)  # room for 4 queries' scores of one example (1, 2, 4, 7)
+    spec = [tf.TensorSpec((None, 2, T, 4), tf.float32) for T in (9, 7, 7)] + [tf.TensorSpec((None, 9, 7), tf.bool)]
+    run = tf.function(lambda q, k, v, m: fused_attention(q, k, v, m, causal=True), input_signature=spec)
+    np.testing.assert_allclose(to_numpy(run(q, k, v, mask)), expected, atol=1e-5)
+    assert calls == [4]
+
+    @tf.function(input_signature=spec[:3])
+    def grads(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            loss = tf.reduce_sum(fused_attention(q, k, v, causal=True) ** 2)
+        return tape.gradient(loss, [q, k, v])
+
+    def explicit_grads(q, k, v):
+        q, k, v = (tf.constant(x) for x in (q, k, v))
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            loss = tf.reduce_sum(scaled_dot_product_attention(q, k, v, causal=True)[0] ** 2)
+        return tape.gradient(loss, [q, k, v])
+
+    set_max_scores_bytes(None)  # the reference materializes all the scores
+    wanted = explicit_grads(q, k, v)
+    set_max_scores_bytes(2 * 7 * 4 * 4)
+    for got, want in zip(grads(q, k, v), wanted):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+    assert calls == [4, 4]

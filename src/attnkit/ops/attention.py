@@ -105,20 +105,26 @@ def query_block_size(scores_shape, dtype):
     """Queries per block for the blocked path, or None when the whole (..., T_q, T_k) scores fit one block.
 
     Args:
-        scores_shape: static (*lead, T_q, T_k); None entries (symbolic shapes) give None.
+        scores_shape: (*lead, T_q, T_k). Unknown (None) lead dimensions, such as the batch of a
+            `tf.function` traced for any batch size, count as 1: the blocks are then sized for one
+            example, and the single-query check below cannot be made. Unknown T_q or T_k give None.
         dtype: the inputs' dtype name.
 
     Raises:
         MemoryError: a single query's scores (*lead, 1, T_k) exceed the budget.
     """
-    if any(d is None for d in scores_shape):
-        return None
     *lead, q_len, k_len = scores_shape
-    row_bytes = math.prod(lead) * k_len * np.dtype(_scores_dtype(dtype)).itemsize  # one query's scores
+    if q_len is None or k_len is None:
+        return None
+    unknown_lead = sum(d is None for d in lead)
+    if unknown_lead > 1:
+        return None  # a reshape can infer one dimension only
+    row_bytes = math.prod(d or 1 for d in lead) * k_len * np.dtype(_scores_dtype(dtype)).itemsize  # one query's scores
     block_bytes = min(BLOCKED_ABOVE_BYTES, max_scores_bytes())
     if q_len * row_bytes <= block_bytes:
         return None
-    check_scores_budget((*lead, 1, k_len), _scores_dtype(dtype))
+    if not unknown_lead:
+        check_scores_budget((*lead, 1, k_len), _scores_dtype(dtype))
     return max(1, min(QUERY_BLOCK, block_bytes // row_bytes))
 
 
@@ -255,7 +261,7 @@ def fused_attention(
     if dropout > 0 and training:
         return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)[0]
     scores_shape = (*queries.shape[:-1], keys.shape[-2])
-    if not _fused.memory_efficient():
+    if not _fused.memory_efficient() and not isinstance(queries, keras.KerasTensor):
         block = query_block_size(scores_shape, keras.backend.standardize_dtype(queries.dtype))
         if block is not None:
             keep = None if mask is None else broadcast_mask(mask, scores_shape)
@@ -305,7 +311,8 @@ def _blocked(queries, keys, values, keep, causal, scale, block):
     instead of keeping every block's softmax for it.
 
     Args:
-        queries, keys, values: (*lead, T_q, d_k), (*lead, T_k, d_k), (*lead, T_k, d_v), static shapes.
+        queries, keys, values: (*lead, T_q, d_k), (*lead, T_k, d_k), (*lead, T_k, d_v); static shapes
+            but for at most one unknown lead dimension (a traced batch).
         keep: None or a boolean keep-mask of the scores' rank (`broadcast_mask`), without the look-ahead.
         causal: apply the bottom-right look-ahead mask, block by block.
         scale: float.
@@ -317,10 +324,14 @@ def _blocked(queries, keys, values, keep, causal, scale, block):
     n = -(-q_len // block)
     pad = n * block - q_len  # padded query rows attend like any other and are dropped at the end
 
+    def known(shape):
+        # A traced batch of unknown size (tf.function) is the one dimension reshape may infer.
+        return tuple(-1 if d is None else d for d in shape)
+
     def to_blocks(x, fill):
         # (*lead, T_q, d) -> (n, *lead, block, d): block i is queries i*block .. (i+1)*block - 1.
         x = ops.pad(x, [(0, 0)] * (len(x.shape) - 2) + [(0, pad), (0, 0)], constant_values=fill)
-        x = ops.reshape(x, (*x.shape[:-2], n, block, x.shape[-1]))
+        x = ops.reshape(x, known((*x.shape[:-2], n, block, x.shape[-1])))
         return ops.moveaxis(x, -3, 0)
 
     blocks = {"queries": to_blocks(queries, 0), "start": ops.arange(0, n * block, block, dtype="int32")}
@@ -346,5 +357,5 @@ def _blocked(queries, keys, values, keep, causal, scale, block):
 
     out = ops.map(attend, blocks)  # (n, *lead, block, d_v)
     out = ops.moveaxis(out, 0, -3)  # (*lead, n, block, d_v)
-    out = ops.reshape(out, (*lead, n * block, values.shape[-1]))
+    out = ops.reshape(out, known((*lead, n * block, values.shape[-1])))
     return out[..., :q_len, :]  # (*lead, T_q, d_v)
