@@ -120,6 +120,12 @@ def _is_torch_tensor(x):
     return isinstance(x, torch.Tensor)
 
 
+def _tensor(v):
+    """A Keras variable's value (cast to the compute dtype inside a mixed-precision layer's call), or
+    `v` itself."""
+    return v.value if isinstance(v, keras.Variable) else v
+
+
 def split_heads(x, h, d):
     """(B, T, h * d) -> (B, h, T, d): the heads of a projection, as a view where the backend has views.
 
@@ -148,7 +154,7 @@ def concat_last(tensors, dtype):
     if keras.backend.backend() == "torch":
         import torch
 
-        values = [t.value if isinstance(t, keras.Variable) else t for t in tensors]
+        values = [_tensor(t) for t in tensors]
         if all(isinstance(v, torch.Tensor) for v in values):
             torch_dtype = getattr(torch, dtype)
             return torch.cat([v.to(torch_dtype) for v in values], dim=-1)
@@ -192,7 +198,7 @@ def layer_norm(x, gamma, beta, epsilon):
 
     if x.dtype != torch.float32:
         return None
-    gamma, beta = (v.value if isinstance(v, keras.Variable) else v for v in (gamma, beta))
+    gamma, beta = _tensor(gamma), _tensor(beta)
     return F.layer_norm(x, x.shape[-1:], gamma, beta, epsilon)
 
 
@@ -212,8 +218,7 @@ def linear(x, kernel, bias, activation):
     import torch
     import torch.nn.functional as F
 
-    # A variable's `.value` is cast to the compute dtype inside a mixed-precision layer's call.
-    x, kernel, bias = (v.value if isinstance(v, keras.Variable) else v for v in (x, kernel, bias))
+    x, kernel, bias = _tensor(x), _tensor(kernel), _tensor(bias)
     operands = (x, kernel) if bias is None else (x, kernel, bias)
     if not all(isinstance(v, torch.Tensor) and v.dtype == x.dtype for v in operands) or not x.is_floating_point():
         return None
