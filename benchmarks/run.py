@@ -57,7 +57,7 @@ def long_sequence_rows(rounds, backends):
         refused = case("explicit", backend)
         size = refused["error"] and refused["error"].split("tensor of shape ")[1].split(", above")[0]
         explicit = "explicit path (weights): " + (f"refused before allocating {size}" if size else "NOT refused")
-        how = "" if backend == "torch" else ", compiled, blocks of 128 queries"
+        how = "" if backend == "torch" else ", compiled, tiles of 512 x 256"
         rows.append(dict(
             workload=f"Self-attention B=1 h=8 T={LONG_T} d_k=64", backend=backend, dtype="float32",
             attnkit_s=seconds["attnkit", backend], anchor="torch SDPA", anchor_s=seconds["torch", "torch"],

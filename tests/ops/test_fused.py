@@ -10,7 +10,7 @@ import pytest
 from keras import ops
 
 import reference
-from attnkit.ops import _fused, attention, broadcast_mask, fused_attention, scaled_dot_product_attention
+from attnkit.ops import _fused, _tiled, broadcast_mask, fused_attention, scaled_dot_product_attention
 from backend_utils import BACKEND, to_numpy, value_and_grads
 
 ATOL = 1e-5
@@ -63,12 +63,13 @@ def fused(q, k, v, **kwargs):
     return fused_attention(q, k, v, **kwargs)
 
 
-def blocked(q, k, v, mask=None, causal=False, block=3):
-    """The blocked path `fused_attention` takes for long sequences on tensorflow and jax's CPU backend,
-    here on every backend, with blocks of 3 queries (which divide neither 7 nor 5)."""
+def tiled(q, k, v, mask=None, causal=False, tile=(1, 3, 2)):
+    """The tiled path `fused_attention` takes for long sequences on tensorflow and jax's CPU backend,
+    here on every backend, one example at a time in tiles of 3 queries by 2 keys (which divide
+    neither 7 nor 5)."""
     scores_shape = (*q.shape[:-1], k.shape[-2])
     keep = None if mask is None else broadcast_mask(mask, scores_shape)
-    return attention._blocked(q, k, v, keep, causal, 1.0 / np.sqrt(q.shape[-1]), block)
+    return _tiled.tiled_attention(q, k, v, keep, causal, 1.0 / np.sqrt(q.shape[-1]), tile)
 
 
 def with_empty_rows(rng, t_q, t_k, shape):
@@ -113,13 +114,13 @@ def test_fused_equals_explicit_forward_and_gradients_float32(rng, case):
         keep = keep & reference.causal_keep(t_q, t_k)
     ref_out, ref_grads = reference_grads(q, k, v, keep)
     outs = {}
-    for name, function in [("explicit", explicit), ("fused", fused), ("blocked", blocked)]:
+    for name, function in [("explicit", explicit), ("fused", fused), ("tiled", tiled)]:
         out, grads = grads_of(function, (q, k, v), mask=mask, causal=causal)
         np.testing.assert_allclose(out, ref_out, rtol=0, atol=ATOL, err_msg=name)
         for grad, ref_grad in zip(grads, ref_grads):
             np.testing.assert_allclose(grad, ref_grad, rtol=0, atol=ATOL, err_msg=name)
         outs[name] = out, grads
-    for name in ("fused", "blocked"):
+    for name in ("fused", "tiled"):
         np.testing.assert_allclose(outs[name][0], outs["explicit"][0], rtol=0, atol=ATOL, err_msg=name)
         for grad, explicit_grad in zip(outs[name][1], outs["explicit"][1]):
             np.testing.assert_allclose(grad, explicit_grad, rtol=0, atol=ATOL, err_msg=name)
@@ -184,14 +185,14 @@ def test_fused_equals_explicit_bfloat16(rng, case):
     assert 1e-3 < out_tol < 0.1 and all(1e-3 < tol < 0.2 for tol in grad_tols)  # bfloat16, not float32
     inputs = [ops.cast(x, "bfloat16") for x in (q, k, v)]
     results = {}
-    for name, function in [("explicit", explicit), ("fused", fused), ("blocked", blocked)]:
+    for name, function in [("explicit", explicit), ("fused", fused), ("tiled", tiled)]:
         out, grads = grads_of(function, inputs, mask=mask, causal=causal)
         out, grads = out.astype(np.float64), [g.astype(np.float64) for g in grads]
         np.testing.assert_allclose(out, ref_out, rtol=0, atol=out_tol, err_msg=name)
         for grad, ref_grad, tol in zip(grads, ref_grads, grad_tols):
             np.testing.assert_allclose(grad, ref_grad, rtol=0, atol=tol, err_msg=name)
         results[name] = out, grads
-    for name in ("fused", "blocked"):
+    for name in ("fused", "tiled"):
         np.testing.assert_allclose(results[name][0], results["explicit"][0], rtol=0, atol=out_tol, err_msg=name)
         for grad, explicit_grad, tol in zip(results[name][1], results["explicit"][1], grad_tols):
             np.testing.assert_allclose(grad, explicit_grad, rtol=0, atol=tol, err_msg=name)
@@ -201,7 +202,7 @@ def test_fused_equals_explicit_bfloat16(rng, case):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("function", ["explicit", "fused", "blocked"])
+@pytest.mark.parametrize("function", ["explicit", "fused", "tiled"])
 def test_half_precision_stays_finite_with_large_inputs_and_empty_rows(function, dtype):
     # Scores of 100 * 100 * 64 / 8 = 80000 overflow float16 (max 65504) unless computed in float32.
     d_k = 64
@@ -211,7 +212,7 @@ def test_half_precision_stays_finite_with_large_inputs_and_empty_rows(function, 
     mask = np.ones((2, 5, 5), bool)
     mask[:, 2, :] = False  # (B, T_q, T_k): query 2 sees nothing
     mask[1, :, 3:] = False
-    function = {"explicit": explicit, "fused": fused, "blocked": blocked}[function]
+    function = {"explicit": explicit, "fused": fused, "tiled": tiled}[function]
     inputs = [ops.cast(x, dtype) for x in (q, q, v)]
     out, grads = grads_of(function, inputs, mask=mask)
     out = out.astype(np.float64)

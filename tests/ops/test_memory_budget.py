@@ -86,7 +86,7 @@ def test_fused_path_runs_where_the_explicit_path_refuses():
     set_max_scores_bytes(100)  # below the (1, 2, 5, 7) scores' 280 bytes, above one query's 56
     with pytest.raises(MemoryError, match="budget"):
         scaled_dot_product_attention(q, k, v)
-    # A fused kernel, or, without one (tensorflow, jax on CPU), blocks of one query.
+    # A fused kernel, or, without one (tensorflow, jax on CPU), tiles within the budget.
     np.testing.assert_allclose(to_numpy(fused_attention(q, k, v)), expected, atol=1e-5)
 
 

@@ -10,13 +10,13 @@ Two paths give the same numbers (tested):
 - `fused_attention` returns the output only and, when attention dropout is inactive, runs the
   backend's fused kernel (`_fused.py`), whose memory does not grow as T_q * T_k. Where the backend
   has no such kernel (tensorflow; jax on CPU, whose kernel materializes the scores), long sequences
-  run the explicit computation one block of queries at a time (`_blocked`), so that at most
-  (..., block, T_k) scores are alive at once.
+  run tile by tile with an online softmax (`_tiled.py`), so that only a few (..., bq, bk) tiles of
+  scores are alive at once.
 
 The explicit path materializes the (..., T_q, T_k) scores: above a memory budget (2 GiB by default;
 `set_max_scores_bytes`, or the environment variable ATTNKIT_MAX_SCORES_BYTES) it raises a
-MemoryError before allocating them, instead of exhausting the machine's memory. The blocked path
-keeps each block's scores within the budget too.
+MemoryError before allocating them, instead of exhausting the machine's memory. The tiled path
+keeps each tile within the budget too.
 
 Rows with nothing to attend to give zero output and zero weights (DESIGN.md decision 5). The softmax
 runs in float32 when the inputs are float16/bfloat16, and masked scores are filled with the smallest
@@ -31,17 +31,14 @@ import numpy as np
 from keras import ops
 
 from attnkit._validation import positive_float, positive_int, rate
-from attnkit.ops import _fused
+from attnkit.ops import _fused, _tiled
 from attnkit.ops.masks import _shape_str, broadcast_mask
 
 HALF_DTYPES = ("float16", "bfloat16")
 DEFAULT_MAX_SCORES_BYTES = 2 * 1024**3
-# The blocked path (backends without a memory-efficient kernel) takes over when the scores would
-# exceed BLOCKED_ABOVE_BYTES, with blocks of at most QUERY_BLOCK queries and BLOCKED_ABOVE_BYTES of
-# scores. 128 queries measured fastest on jax and tensorflow at T = 4096 and 16384, h = 8 (16 to 512
-# tried: smaller blocks under-use the GEMMs, larger ones fall out of the cache).
-BLOCKED_ABOVE_BYTES = 64 * 1024**2
-QUERY_BLOCK = 128
+# Without a memory-efficient kernel, `fused_attention` computes the scores tile by tile (`_tiled.py`)
+# once the whole scores would exceed TILED_ABOVE_BYTES (or the budget, if lower).
+TILED_ABOVE_BYTES = 64 * 1024**2
 MAX_SCORES_ENV = "ATTNKIT_MAX_SCORES_BYTES"
 _max_scores_bytes = None  # set by `set_max_scores_bytes`; None: the environment variable or the default
 
@@ -101,31 +98,24 @@ def check_scores_budget(scores_shape, dtype):
         )
 
 
-def query_block_size(scores_shape, dtype):
-    """Queries per block for the blocked path, or None when the whole (..., T_q, T_k) scores fit one block.
+def tile_for(scores_shape, dtype):
+    """The (examples, bq, bk) tile `fused_attention` computes the scores in when the backend has no
+    memory-efficient kernel, or None when the whole (*lead, T_q, T_k) scores are small enough.
 
     Args:
         scores_shape: (*lead, T_q, T_k). Unknown (None) lead dimensions, such as the batch of a
-            `tf.function` traced for any batch size, count as 1: the blocks are then sized for one
-            example, and the single-query check below cannot be made. Unknown T_q or T_k give None.
+            `tf.function` traced for any batch size, count as 1: the tiles then hold one example.
+            Unknown T_q or T_k, or more than one unknown lead dimension, give None.
         dtype: the inputs' dtype name.
-
-    Raises:
-        MemoryError: a single query's scores (*lead, 1, T_k) exceed the budget.
     """
     *lead, q_len, k_len = scores_shape
-    if q_len is None or k_len is None:
+    if q_len is None or k_len is None or sum(d is None for d in lead) > 1:
+        return None  # tiles need static lengths, and a reshape can infer one dimension only
+    score_dtype = _scores_dtype(dtype)
+    size = math.prod(d or 1 for d in lead) * q_len * k_len * np.dtype(score_dtype).itemsize
+    if size <= min(TILED_ABOVE_BYTES, max_scores_bytes()):
         return None
-    unknown_lead = sum(d is None for d in lead)
-    if unknown_lead > 1:
-        return None  # a reshape can infer one dimension only
-    row_bytes = math.prod(d or 1 for d in lead) * k_len * np.dtype(_scores_dtype(dtype)).itemsize  # one query's scores
-    block_bytes = min(BLOCKED_ABOVE_BYTES, max_scores_bytes())
-    if q_len * row_bytes <= block_bytes:
-        return None
-    if not unknown_lead:
-        check_scores_budget((*lead, 1, k_len), _scores_dtype(dtype))
-    return max(1, min(QUERY_BLOCK, block_bytes // row_bytes))
+    return _tiled.tile_shape(scores_shape, score_dtype, min(_tiled.TILE_BYTES, max_scores_bytes()))
 
 
 def check_qkv(queries, keys, values):
@@ -248,11 +238,10 @@ def fused_attention(
 
     Same arguments and numbers as `scaled_dot_product_attention`; returns the output (..., T_q, d_v).
     On torch this is `torch.nn.functional.scaled_dot_product_attention` (its CPU flash kernel), on
-    jax `jax.nn.dot_product_attention`, on tensorflow the explicit path. Where the backend's path
-    would materialize the scores (tensorflow, jax on CPU) and they exceed
-    min(BLOCKED_ABOVE_BYTES, max_scores_bytes()), the queries run in blocks instead, each with its
-    exact softmax: memory grows as T_k, not T_q * T_k. A MemoryError is raised only when a single
-    query's scores (..., 1, T_k) exceed the budget.
+    jax's accelerators `jax.nn.dot_product_attention`, elsewhere the explicit path. Where that path
+    would materialize scores above min(TILED_ABOVE_BYTES, max_scores_bytes()) (tensorflow, jax on
+    CPU), they are computed a tile at a time instead, with an online softmax and a written-out
+    gradient (`_tiled.py`): memory grows as T_q + T_k, not T_q * T_k, and nothing is refused.
     """
     queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
     check_qkv(queries, keys, values)
@@ -262,10 +251,10 @@ def fused_attention(
         return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)[0]
     scores_shape = (*queries.shape[:-1], keys.shape[-2])
     if not _fused.memory_efficient() and not isinstance(queries, keras.KerasTensor):
-        block = query_block_size(scores_shape, keras.backend.standardize_dtype(queries.dtype))
-        if block is not None:
+        tile = tile_for(scores_shape, keras.backend.standardize_dtype(queries.dtype))
+        if tile is not None:
             keep = None if mask is None else broadcast_mask(mask, scores_shape)
-            return _blocked(queries, keys, values, keep, causal, scale, block)
+            return _tiled.tiled_attention(queries, keys, values, keep, causal, scale, tile)
     lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
     q_len, k_len = queries.shape[-2], keys.shape[-2]
     if causal and mask is None and q_len is not None and q_len == k_len:
@@ -300,62 +289,3 @@ def _scores(queries, keys, scale):
     # Scale the queries, not the scores: fewer multiplications.
     scaled_queries = ops.cast(queries, score_dtype) * ops.cast(scale, score_dtype)
     return ops.matmul(scaled_queries, ops.swapaxes(ops.cast(keys, score_dtype), -1, -2))
-
-
-def _blocked(queries, keys, values, keep, causal, scale, block):
-    """The explicit computation, `block` queries at a time; output (..., T_q, d_v) only.
-
-    Every query's softmax lies inside its block, so the result is the explicit path's. `keras.ops.map`
-    runs the blocks in sequence (`lax.map` on jax, `tf.map_fn` on tensorflow), so only one block's
-    (..., block, T_k) scores are alive at once; `keras.remat` recomputes them in the backward pass
-    instead of keeping every block's softmax for it.
-
-    Args:
-        queries, keys, values: (*lead, T_q, d_k), (*lead, T_k, d_k), (*lead, T_k, d_v); static shapes
-            but for at most one unknown lead dimension (a traced batch).
-        keep: None or a boolean keep-mask of the scores' rank (`broadcast_mask`), without the look-ahead.
-        causal: apply the bottom-right look-ahead mask, block by block.
-        scale: float.
-        block: queries per block, from `query_block_size`.
-    """
-    dtype = keras.backend.standardize_dtype(queries.dtype)
-    *lead, q_len, _ = queries.shape
-    k_len = keys.shape[-2]
-    n = -(-q_len // block)
-    pad = n * block - q_len  # padded query rows attend like any other and are dropped at the end
-
-    def known(shape):
-        # A traced batch of unknown size (tf.function) is the one dimension reshape may infer.
-        return tuple(-1 if d is None else d for d in shape)
-
-    def to_blocks(x, fill):
-        # (*lead, T_q, d) -> (n, *lead, block, d): block i is queries i*block .. (i+1)*block - 1.
-        x = ops.pad(x, [(0, 0)] * (len(x.shape) - 2) + [(0, pad), (0, 0)], constant_values=fill)
-        x = ops.reshape(x, known((*x.shape[:-2], n, block, x.shape[-1])))
-        return ops.moveaxis(x, -3, 0)
-
-    blocks = {"queries": to_blocks(queries, 0), "start": ops.arange(0, n * block, block, dtype="int32")}
-    per_query_keep = keep is not None and keep.shape[-2] != 1
-    if per_query_keep:
-        blocks["keep"] = to_blocks(keep, True)  # (n, *lead|1, block, T_k)
-
-    def attend(b):
-        block_keep = b["keep"] if per_query_keep else keep
-        if causal:
-            rows = b["start"] + ops.arange(block, dtype="int32") + (k_len - q_len)  # (block,)
-            look_ahead = ops.arange(k_len, dtype="int32")[None, :] <= rows[:, None]  # (block, T_k)
-            block_keep = look_ahead if block_keep is None else ops.logical_and(block_keep, look_ahead)
-
-        # The differentiable inputs are arguments, not closures: tensorflow's recompute_grad only
-        # differentiates with respect to its arguments.
-        @keras.remat
-        def block_output(q, k, v):
-            weights = ops.cast(masked_softmax(_scores(q, k, scale), block_keep), dtype)  # (*lead, block, T_k)
-            return ops.matmul(weights, v)  # (*lead, block, d_v)
-
-        return block_output(b["queries"], keys, values)
-
-    out = ops.map(attend, blocks)  # (n, *lead, block, d_v)
-    out = ops.moveaxis(out, 0, -3)  # (*lead, n, block, d_v)
-    out = ops.reshape(out, known((*lead, n * block, values.shape[-1])))
-    return out[..., :q_len, :]  # (*lead, T_q, d_v)
