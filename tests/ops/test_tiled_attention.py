@@ -103,6 +103,33 @@ def test_tiled_equals_explicit_for_any_tile_with_any_output_gradient(tile, mask_
         np.testing.assert_allclose(got, want, atol=1e-5, err_msg=f"d{name}")
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="jax's accelerator kernel takes some shapes only")
+def test_inputs_an_accelerator_kernel_does_not_take_are_tiled(monkeypatch):
+    """On a GPU jax's kernel takes (B, h, T, d) float32/half with d_k == d_v only; the rest must not
+    fall back to scores of T_q * T_k."""
+    monkeypatch.setattr(_fused, "memory_efficient", lambda: True)  # as on a GPU
+    calls = []
+    tiled = _tiled.tiled_attention
+    monkeypatch.setattr(_tiled, "tiled_attention", lambda *args: calls.append(args[-1]) or tiled(*args))
+    set_max_scores_bytes(2 * 7 * 4 * 4)  # (1, 2, 9, 7) scores: 504 bytes, above the budget
+    rng = np.random.default_rng(3)
+    q, k, v = qkv(9, 7)
+    assert _fused.has_kernel(q, v)
+    cases = {
+        "rank 3": (q[0], k[0], v[0]),
+        "d_k != d_v": (q, k, rng.normal(size=(1, 2, 7, 6)).astype("float32")),
+        "float16": (q.astype("float16"), k.astype("float16"), v.astype("float16")),  # not on jax's CPU
+    }
+    for name, (q_, k_, v_) in cases.items():
+        assert not _fused.has_kernel(q_, v_), name
+        set_max_scores_bytes(None)
+        expected = to_numpy(scaled_dot_product_attention(q_, k_, v_, causal=True)[0])
+        set_max_scores_bytes(2 * 7 * 4 * 4)
+        got = to_numpy(fused_attention(q_, k_, v_, causal=True))
+        np.testing.assert_allclose(got.astype("float32"), expected.astype("float32"), atol=2e-3, err_msg=name)
+    assert len(calls) == 3
+
+
 def test_nothing_is_refused_on_the_fused_path_whatever_the_budget():
     q, k, v = qkv(5, 7)
     expected = to_numpy(scaled_dot_product_attention(q, k, v, causal=True)[0])

@@ -12,14 +12,36 @@ from keras import ops
 
 
 def memory_efficient():
-    """Whether `attention` never materializes the (..., T_q, T_k) scores: torch's SDPA (flash on CPU)
-    and jax's accelerator kernels; not jax's CPU implementation (XLA's), and tensorflow has none."""
+    """Whether the backend has a kernel that never materializes the (..., T_q, T_k) scores: torch's
+    SDPA (flash on CPU) and jax's accelerator kernels; not jax's CPU implementation (XLA's), and
+    tensorflow has none."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
         return jax.default_backend() != "cpu"
     return backend == "torch"
+
+
+def has_kernel(queries, values):
+    """Whether `attention` runs a memory-efficient kernel for these inputs, (..., T_q, d_k) and
+    (..., T_k, d_v), instead of returning None."""
+    if keras.backend.backend() == "jax":
+        return memory_efficient() and _jax_takes(queries, values)
+    return memory_efficient()
+
+
+def _jax_takes(queries, values):
+    import jax
+
+    # jax's kernel takes exactly (B, T, h, d), one width for keys and values, and float32 or half;
+    # on CPU its float16 version does not compile under jit ("precision 'F16_F16_F32' is not supported").
+    dtypes = ("float32", "bfloat16") if jax.default_backend() == "cpu" else ("float32", "float16", "bfloat16")
+    return (
+        len(queries.shape) == 4
+        and queries.shape[-1] == values.shape[-1]
+        and keras.backend.standardize_dtype(queries.dtype) in dtypes
+    )
 
 
 def attention(queries, keys, values, keep, causal, scale):
@@ -88,14 +110,7 @@ def _open_empty_rows(keep):
 def _jax(queries, keys, values, keep, causal, scale):
     import jax
 
-    # jax's kernel takes exactly (B, T, h, d), one width for keys and values, and float32 or half;
-    # on CPU its float16 version does not compile under jit ("precision 'F16_F16_F32' is not supported").
-    dtypes = ("float32", "bfloat16") if jax.default_backend() == "cpu" else ("float32", "float16", "bfloat16")
-    if (
-        len(queries.shape) != 4
-        or queries.shape[-1] != values.shape[-1]
-        or keras.backend.standardize_dtype(queries.dtype) not in dtypes
-    ):
+    if not _jax_takes(queries, values):
         return None
     has_key = None
     if keep is not None:

@@ -2,13 +2,14 @@
 on CPU, whose kernel is XLA's matmul-softmax-matmul), in `keras.ops` (DESIGN.md decision 7;
 docs/decisions.md item 12).
 
-The scores are computed one (block_q, block_k) tile at a time, with the running ("online") softmax of
-FlashAttention (Dao et al. 2022): each query block keeps its output o, its softmax denominator l and
-its running maximum m, and rescales them when a later key block raises the maximum. Only a few tiles
-are alive at once, so memory grows as T, never as T_q * T_k, and each tile stays in the cache; at
-T = 16384 this ran 2x faster than blocks of whole score rows on jax, 1.4x on tensorflow.
+The scores are computed one tile at a time (a few examples, every head, bq queries, bk keys), with
+the running ("online") softmax of FlashAttention (Dao et al. 2022): each query block keeps its output
+o, its softmax denominator l and its running maximum m, and rescales them when a later key block
+raises the maximum. Only a few tiles are alive at once, so memory grows as T_q + T_k, never as
+T_q * T_k, and each tile stays in the cache; at T = 16384 this ran 2x faster than blocks of whole
+score rows on jax and tensorflow.
 
-The gradient is written out (`keras.ops.custom_gradient`) instead of differentiating the loops, which
+The gradient is written out (`keras.ops.custom_gradient`, `jax.custom_vjp`) instead of differentiating the loops, which
 would keep every tile's softmax: the forward pass saves only its output and the log-sum-exp of each
 row, L = m + log(l), and the backward pass recomputes each tile's weights P = exp(S - L), in two
 sweeps, one over query blocks (dQ) and one over key blocks (dK, dV):
@@ -18,8 +19,8 @@ sweeps, one over query blocks (dQ) and one over key blocks (dK, dV):
 Rows with nothing to attend to (masked, or causal with T_q > T_k) keep l = 0: their output, weights and
 gradients are exactly zero (decision 5). Under a causal mask the tiles above the diagonal are skipped.
 
-Legend: `lead` the leading dims (batch, heads), T_q/T_k lengths, d_k/d_v widths, n/m the numbers of
-query/key blocks, bq/bk their sizes.
+Legend: B batch, `lead` the leading dims of the examples in one tile (examples, *heads), T_q/T_k
+lengths, d_k/d_v widths, n/m the numbers of query/key blocks, bq/bk their sizes.
 """
 
 import math
@@ -168,11 +169,11 @@ class _Tiles:
 
     def query_blocks(self, x):
         """(*lead, T_q, d) -> (n, *lead, bq, d); padded query rows are zeros, dropped at the end."""
-        return _to_blocks(x, self.n, self.bq, 0)
+        return _to_blocks(x, self.n, self.bq)
 
     def key_blocks(self, x):
         """(*lead, T_k, d) -> (m, *lead, bk, d); padded keys are masked in every tile."""
-        return _to_blocks(x, self.m, self.bk, 0)
+        return _to_blocks(x, self.m, self.bk)
 
     def from_query_blocks(self, x):
         return _from_blocks(x, self.q_len)
@@ -183,9 +184,9 @@ class _Tiles:
     def mask_tiles(self, keep):
         """keep (*lead|1, T_q|1, T_k|1) -> (n|1, m|1, *lead|1, bq|1, bk|1)."""
         *lead, kq, kk = keep.shape
-        if kq != 1:
+        if kq not in (1, self.n * self.bq):
             keep = ops.pad(keep, [(0, 0)] * len(lead) + [(0, self.n * self.bq - kq), (0, 0)], constant_values=True)
-        if kk != 1:
+        if kk not in (1, self.m * self.bk):
             keep = ops.pad(keep, [(0, 0)] * (len(lead) + 1) + [(0, self.m * self.bk - kk)], constant_values=False)
         n, bq = (self.n, self.bq) if kq != 1 else (1, 1)
         m, bk = (self.m, self.bk) if kk != 1 else (1, 1)
@@ -304,9 +305,10 @@ def _known(shape):
     return tuple(-1 if d is None else d for d in shape)
 
 
-def _to_blocks(x, count, size, fill):
-    """(*lead, T, d) -> (count, *lead, size, d), T padded with `fill` to count * size."""
-    x = ops.pad(x, [(0, 0)] * (len(x.shape) - 2) + [(0, count * size - x.shape[-2]), (0, 0)], constant_values=fill)
+def _to_blocks(x, count, size):
+    """(*lead, T, d) -> (count, *lead, size, d), T padded with zeros to count * size."""
+    if count * size != x.shape[-2]:
+        x = ops.pad(x, [(0, 0)] * (len(x.shape) - 2) + [(0, count * size - x.shape[-2]), (0, 0)])
     x = ops.reshape(x, _known((*x.shape[:-2], count, size, x.shape[-1])))
     return ops.moveaxis(x, -3, 0)
 

@@ -250,7 +250,7 @@ def fused_attention(
     if dropout > 0 and training:
         return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)[0]
     scores_shape = (*queries.shape[:-1], keys.shape[-2])
-    if not _fused.memory_efficient() and not isinstance(queries, keras.KerasTensor):
+    if not _fused.has_kernel(queries, values) and not isinstance(queries, keras.KerasTensor):
         tile = tile_for(scores_shape, keras.backend.standardize_dtype(queries.dtype))
         if tile is not None:
             keep = None if mask is None else broadcast_mask(mask, scores_shape)
