@@ -401,6 +401,30 @@ def test_projections_of_one_input_in_one_matmul_equal_separate_ones(rng, monkeyp
     assert 3 in widths and 2 in widths
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_projections_into_and_out_of_heads_by_einsum_equal_the_dense_layers(rng, monkeypatch, use_bias):
+    """jax projects into the heads and out of them with einsums against the kernels (no Dense call,
+    no reshape of a matmul's result); forced on and off here so that every backend checks both, with
+    d_k != d_v and every projection of a different input width."""
+    layer, weights = make_layer(rng, use_bias=use_bias)
+    q, k, v = inputs(rng)
+    results = {}
+    for einsum in (True, False):
+        monkeypatch.setattr(_fused, "projects_into_heads", lambda einsum=einsum: einsum)
+        calls = []
+        for name in ("project_into_heads", "project_from_heads"):
+            function = getattr(_fused, name)
+            monkeypatch.setattr(_fused, name, lambda *a, f=function, n=name: calls.append(n) or f(*a))
+        out, grads = value_and_grads(lambda q, k, v: layer(q, k, v), q, k, v)
+        assert calls.count("project_into_heads") == 3 * calls.count("project_from_heads")
+        assert bool(calls) == einsum
+        results[einsum] = out, grads
+        np.testing.assert_allclose(out, expected(weights, q, k, v)[0], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(results[True][0], results[False][0], rtol=0, atol=1e-6)
+    for with_einsum, without in zip(results[True][1], results[False][1]):
+        np.testing.assert_allclose(with_einsum, without, rtol=0, atol=1e-5)
+
+
 def test_fused_and_explicit_paths_equal_with_gradients_and_empty_rows(rng):
     layer, _ = make_layer(rng)
     q, k, v = inputs(rng)

@@ -154,8 +154,25 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         if keys is values and _fused.fuses_projections() and _plain(self.W_k, self.W_v):
             return tuple(self._project_together(keys, (self.W_k, self.W_v)))  # the usual cross-attention
-        k, v = call_sublayer(self.W_k, keys), call_sublayer(self.W_v, values)  # (B, T_k, h * d_k), (B, T_k, h * d_v)
-        return _fused.split_heads(k, self.h, self.d_k), _fused.split_heads(v, self.h, self.d_v)
+        return self._into_heads(self.W_k, keys), self._into_heads(self.W_v, values)
+
+    def _into_heads(self, projection, x):
+        """One projection split into heads: (B, T, d_in) -> (B, h, T, d)."""
+        d = projection.units // self.h
+        if _fused.projects_into_heads() and _plain(projection):
+            dtype = self.compute_dtype
+            bias = ops.cast(projection.bias, dtype) if self.use_bias else None
+            return _fused.project_into_heads(ops.cast(x, dtype), ops.cast(projection.kernel, dtype), bias, self.h, d)
+        return _fused.split_heads(call_sublayer(projection, x), self.h, d)  # (B, T, h * d) -> (B, h, T, d)
+
+    def _from_heads(self, heads):
+        """Step 3 and 4: the heads side by side, projected by W_o: (B, h, T_q, d_v) -> (B, T_q, d_model)."""
+        if _fused.projects_into_heads() and _plain(self.W_o):
+            dtype = self.compute_dtype
+            bias = ops.cast(self.W_o.bias, dtype) if self.use_bias else None
+            return _fused.project_from_heads(heads, ops.cast(self.W_o.kernel, dtype), bias)
+        concat = _fused.merge_heads(heads)  # (B, h, T_q, d_v) -> (B, T_q, h * d_v)
+        return call_sublayer(self.W_o, concat)
 
     def attend_projected(
         self, queries, k, v, mask=None, *, causal=False, return_attention_weights=False, training=None,
@@ -175,17 +192,15 @@ class MultiHeadAttention(keras.layers.Layer):
         # 1. project the queries, and split the heads: (B, T_q, h * d_k) -> (B, h, T_q, d_k)
         q = projected_queries
         if q is None:
-            q = _fused.split_heads(call_sublayer(self.W_q, queries), self.h, self.d_k)
+            q = self._into_heads(self.W_q, queries)
         # 2. attend in every head at once
         options = dict(causal=causal, dropout=self.dropout, training=bool(training), seed=self.seed_generator)
         if return_attention_weights:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
         else:
             heads = fused_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
-        # 3. concatenate the heads: (B, h, T_q, d_v) -> (B, T_q, h * d_v)
-        concat = _fused.merge_heads(heads)
-        # 4. project to d_model
-        output = call_sublayer(self.W_o, concat)  # (B, T_q, d_model)
+        # 3. concatenate the heads, and 4. project to d_model
+        output = self._from_heads(heads)  # (B, T_q, d_model)
         return (output, weights) if return_attention_weights else output
 
     def _check_inputs(self, queries, keys, values):

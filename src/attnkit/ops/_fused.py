@@ -75,6 +75,29 @@ def fuses_projections():
     return keras.backend.backend() == "torch"
 
 
+def projects_into_heads():
+    """Whether projections go into and out of the heads with einsums against the kernels viewed as
+    (d_in, h, d) and (h, d, d_model), instead of a matmul and a reshape-transpose of its result: on
+    jax, where XLA then picks layouts that need fewer transposes. MHA fwd+bwd (B=32, T=128,
+    d_model=512, h=8) 256 -> 223 ms on jax; on tensorflow, whose einsum transposes, 216 -> 334 ms."""
+    return keras.backend.backend() == "jax"
+
+
+def project_into_heads(x, kernel, bias, h, d):
+    """(B, T, d_in) @ kernel (d_in, h * d) + bias (h * d,) -> (B, h, T, d)."""
+    y = ops.einsum("btc,chd->bthd", x, ops.reshape(kernel, (-1, h, d)))  # (B, T, h, d)
+    if bias is not None:
+        y = y + ops.reshape(bias, (h, d))
+    return ops.transpose(y, (0, 2, 1, 3))
+
+
+def project_from_heads(heads, kernel, bias):
+    """Heads (B, h, T, d) side by side, @ kernel (h * d, d_model) + bias (d_model,) -> (B, T, d_model)."""
+    h, d = heads.shape[1], heads.shape[3]
+    y = ops.einsum("bhtd,hde->bte", heads, ops.reshape(kernel, (h, d, -1)))
+    return y if bias is None else y + bias
+
+
 def _torch(queries, keys, values, keep, causal, scale):
     import torch.nn.functional as F
 
