@@ -160,19 +160,21 @@ class MultiHeadAttention(keras.layers.Layer):
         """One projection split into heads: (B, T, d_in) -> (B, h, T, d)."""
         d = projection.units // self.h
         if _fused.projects_into_heads() and _plain(projection):
-            dtype = self.compute_dtype
-            bias = ops.cast(projection.bias, dtype) if self.use_bias else None
-            return _fused.project_into_heads(ops.cast(x, dtype), ops.cast(projection.kernel, dtype), bias, self.h, d)
+            x = ops.cast(x, self.compute_dtype)
+            return _fused.project_into_heads(x, *self._kernel_and_bias(projection), self.h, d)
         return _fused.split_heads(call_sublayer(projection, x), self.h, d)  # (B, T, h * d) -> (B, h, T, d)
 
     def _from_heads(self, heads):
         """Step 3 and 4: the heads side by side, projected by W_o: (B, h, T_q, d_v) -> (B, T_q, d_model)."""
         if _fused.projects_into_heads() and _plain(self.W_o):
-            dtype = self.compute_dtype
-            bias = ops.cast(self.W_o.bias, dtype) if self.use_bias else None
-            return _fused.project_from_heads(heads, ops.cast(self.W_o.kernel, dtype), bias)
+            return _fused.project_from_heads(heads, *self._kernel_and_bias(self.W_o))
         concat = _fused.merge_heads(heads)  # (B, h, T_q, d_v) -> (B, T_q, h * d_v)
         return call_sublayer(self.W_o, concat)
+
+    def _kernel_and_bias(self, projection):
+        """A Dense layer's kernel and bias (or None) in the compute dtype, as its own call would use them."""
+        dtype = self.compute_dtype
+        return ops.cast(projection.kernel, dtype), ops.cast(projection.bias, dtype) if self.use_bias else None
 
     def attend_projected(
         self, queries, k, v, mask=None, *, causal=False, return_attention_weights=False, training=None,
