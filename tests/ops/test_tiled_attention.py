@@ -20,6 +20,15 @@ MiB = 2**20
 pytestmark = pytest.mark.usefixtures("default_scores_budget")
 
 
+@pytest.fixture
+def tiles_used(monkeypatch):
+    """The tile of every call `fused_attention` makes to the tiled path, in order."""
+    calls = []
+    tiled = _tiled.tiled_attention
+    monkeypatch.setattr(_tiled, "tiled_attention", lambda *args: calls.append(args[-1]) or tiled(*args))
+    return calls
+
+
 def qkv(T_q, T_k, B=1, h=2, d_k=4):
     rng = np.random.default_rng(0)
     return (rng.normal(size=(B, h, T, d_k)).astype("float32") for T in (T_q, T_k, T_k))
@@ -61,16 +70,13 @@ def test_tile_follows_the_threshold_and_the_budget():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_fused_attention_runs_in_tiles_exactly_where_the_backend_would_materialize_scores(monkeypatch, causal):
+def test_fused_attention_runs_in_tiles_exactly_where_the_backend_would_materialize_scores(tiles_used, causal):
     q, k, v = qkv(9, 7)
     mask = np.random.default_rng(1).random((1, 9, 7)) < 0.7  # (B, T_q, T_k), per query
     expected = to_numpy(scaled_dot_product_attention(q, k, v, mask, causal=causal)[0])
-    calls = []
-    tiled = _tiled.tiled_attention
-    monkeypatch.setattr(_tiled, "tiled_attention", lambda *args: calls.append(args[-1]) or tiled(*args))
     set_max_scores_bytes(2 * 7 * 4 * 4)  # room for 4 queries' scores (1, 2, 4, 7)
     np.testing.assert_allclose(to_numpy(fused_attention(q, k, v, mask, causal=causal)), expected, atol=1e-5)
-    assert calls == ([] if _fused.memory_efficient() else [(1, 4, 7)])
+    assert tiles_used == ([] if _fused.memory_efficient() else [(1, 4, 7)])
 
 
 @pytest.mark.parametrize(
@@ -104,13 +110,10 @@ def test_tiled_equals_explicit_for_any_tile_with_any_output_gradient(tile, mask_
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="jax's accelerator kernel takes some shapes only")
-def test_inputs_an_accelerator_kernel_does_not_take_are_tiled(monkeypatch):
+def test_inputs_an_accelerator_kernel_does_not_take_are_tiled(monkeypatch, tiles_used):
     """On a GPU jax's kernel takes (B, h, T, d) float32/half with d_k == d_v only; the rest must not
     fall back to scores of T_q * T_k."""
     monkeypatch.setattr(_fused, "memory_efficient", lambda: True)  # as on a GPU
-    calls = []
-    tiled = _tiled.tiled_attention
-    monkeypatch.setattr(_tiled, "tiled_attention", lambda *args: calls.append(args[-1]) or tiled(*args))
     set_max_scores_bytes(2 * 7 * 4 * 4)  # (1, 2, 9, 7) scores: 504 bytes, above the budget
     rng = np.random.default_rng(3)
     q, k, v = qkv(9, 7)
@@ -127,7 +130,7 @@ def test_inputs_an_accelerator_kernel_does_not_take_are_tiled(monkeypatch):
         set_max_scores_bytes(2 * 7 * 4 * 4)
         got = to_numpy(fused_attention(q_, k_, v_, causal=True))
         np.testing.assert_allclose(got.astype("float32"), expected.astype("float32"), atol=2e-3, err_msg=name)
-    assert len(calls) == 3
+    assert len(tiles_used) == 3
 
 
 def test_nothing_is_refused_on_the_fused_path_whatever_the_budget():
@@ -171,21 +174,18 @@ def test_long_sequence_memory_does_not_grow_as_the_scores(rng):
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="a batch of unknown size is traced by tf.function")
-def test_tiles_under_tf_function_with_a_batch_of_unknown_size(monkeypatch):
+def test_tiles_under_tf_function_with_a_batch_of_unknown_size(tiles_used):
     """Keras's fit may retrace with the batch dimension unknown: the tiles are sized per example."""
     import tensorflow as tf
 
     q, k, v = qkv(9, 7, B=3)
     mask = np.random.default_rng(1).random((3, 9, 7)) < 0.7  # (B, T_q, T_k)
     expected = to_numpy(scaled_dot_product_attention(q, k, v, mask, causal=True)[0])
-    calls = []
-    tiled = _tiled.tiled_attention
-    monkeypatch.setattr(_tiled, "tiled_attention", lambda *args: calls.append(args[-1]) or tiled(*args))
     set_max_scores_bytes(2 * 7 * 4 * 4)  # room for 4 queries' scores of one example (1, 2, 4, 7)
     spec = [tf.TensorSpec((None, 2, T, 4), tf.float32) for T in (9, 7, 7)] + [tf.TensorSpec((None, 9, 7), tf.bool)]
     run = tf.function(lambda q, k, v, m: fused_attention(q, k, v, m, causal=True), input_signature=spec)
     np.testing.assert_allclose(to_numpy(run(q, k, v, mask)), expected, atol=1e-5)
-    assert calls == [(1, 4, 7)]
+    assert tiles_used == [(1, 4, 7)]
 
     @tf.function(input_signature=spec[:3])
     def grads(q, k, v):
@@ -206,4 +206,4 @@ def test_tiles_under_tf_function_with_a_batch_of_unknown_size(monkeypatch):
     set_max_scores_bytes(2 * 7 * 4 * 4)
     for got, want in zip(grads(q, k, v), wanted):
         np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
-    assert calls == [(1, 4, 7), (1, 4, 7)]
+    assert tiles_used == [(1, 4, 7), (1, 4, 7)]
