@@ -1,6 +1,8 @@
 """`attnkit.Linear` is a `keras.layers.Dense`: the same outputs with the same weights for every
 activation, with LoRA and int8 quantization, and the same saving; only its arithmetic differs."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -96,3 +98,22 @@ def test_a_model_of_attnkit_layers_quantizes_to_int8(rng):
     assert len(projections) == 6 and all(layer.quantization_mode == "int8" for layer in projections)
     got = model.predict(x, verbose=0)
     assert 0 < np.abs(got - want).max() < 0.1  # int8 weights: close, not equal
+
+
+@pytest.mark.parametrize("xla_flags", ["", "--xla_gpu_enable_triton_gemm=false"])
+def test_int8_quantization_warns_where_xla_triton_gemm_runs_on_a_gpu(monkeypatch, xla_flags):
+    """jaxlib 0.11.2's Triton GEMM got int8 products wrong on an H100 (docs/decisions.md, item 14):
+    quantizing on a jax GPU without the flag that turns it off warns; nothing else does."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv("XLA_FLAGS", xla_flags)
+    layer = Linear(4)
+    layer.build((None, 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layer.quantize("int8")
+    warned = any("xla_gpu_enable_triton_gemm=false" in str(w.message) for w in caught)
+    assert warned == (keras.backend.backend() == "jax" and not xla_flags)
+    assert layer.quantization_mode == "int8"

@@ -7,6 +7,9 @@ torch's CPU kernels need for bfloat16, and ReLU in place on its output (see `att
 Legend: d_in input width, d_out (`units`) output width.
 """
 
+import os
+import warnings
+
 import keras
 
 from attnkit.ops.linear import linear
@@ -37,3 +40,21 @@ class Linear(keras.layers.Dense):
         # Dense refuses its subclasses, whose `call` may differ; Keras routes a quantized layer to
         # Dense.quantized_call, so Dense's quantization applies to Linear as it is.
         super().quantize(mode, type_check=False, config=config)
+        if mode in ("int8", "int4") and triton_gemm_on_gpu():
+            warnings.warn(
+                "XLA's Triton GEMM computes some int8 products wrongly on a GPU under jit (seen with "
+                "jaxlib 0.11.2: errors of ~1 in a quantized encoder layer); set "
+                "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false before jax starts to use cuBLAS's",
+                stacklevel=2,
+            )
+
+
+def triton_gemm_on_gpu():
+    """Whether jax runs on a GPU with XLA's Triton GEMM enabled (its default)."""
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() in ("gpu", "cuda", "rocm") and "--xla_gpu_enable_triton_gemm=false" not in os.environ.get(
+        "XLA_FLAGS", ""
+    )
