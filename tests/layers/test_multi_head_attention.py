@@ -317,6 +317,26 @@ def test_keras_mask_from_embedding_is_key_padding(rng):
     np.testing.assert_array_equal(to_numpy(keras_mask_of(layer(x))), real)
 
 
+def test_keras_mask_combines_with_an_explicit_mask_in_self_attention(rng):
+    """An explicit `mask` (here causal) keeps Keras from filling the masks: the padding must still hold."""
+    ids = np.array([[3, 4, 5, 0, 0, 0], [1, 2, 0, 0, 0, 0]], "int32")
+    x = keras.layers.Embedding(9, 6, mask_zero=True)(ids)
+    plain = ops.convert_to_tensor(to_numpy(x))
+    layer, _ = make_layer(rng, d_q=6, d_kin=6, d_vin=6)
+    look_ahead = np.tril(np.ones((6, 6), bool))
+    got = to_numpy(layer(x, mask=look_ahead))
+    want = to_numpy(layer(plain, mask=look_ahead[None] & (ids != 0)[:, None, :]))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert np.abs(got - to_numpy(layer(plain, mask=look_ahead))).max() > 1e-3  # the padding mattered
+    # a functional model replays the same
+    tokens = keras.Input((6,), dtype="int32")
+    model = keras.Model(tokens, layer(keras.layers.Embedding(9, 6, mask_zero=True)(tokens), mask=look_ahead))
+    embedded = model.layers[1](ids)
+    np.testing.assert_allclose(
+        to_numpy(model(ids)), to_numpy(layer(embedded, mask=look_ahead)), rtol=0, atol=1e-6
+    )
+
+
 def test_keras_mask_on_keys_in_cross_attention(rng):
     kv_ids = np.array([[3, 4, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 0, 0]], "int32")
     embedding = keras.layers.Embedding(9, 10, mask_zero=True)

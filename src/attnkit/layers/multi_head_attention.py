@@ -106,6 +106,10 @@ class MultiHeadAttention(keras.layers.Layer):
         values = keys if values is None else values
         self._check_inputs(queries, keys, values)
         key_padding = keys_mask if keys_mask is not None else values_mask
+        if key_padding is None:
+            # An explicit `mask` keeps Keras from filling the masks; the keys' padding still holds.
+            key_padding = keras_mask_of(keys)
+            key_padding = keras_mask_of(values) if key_padding is None else key_padding
         if key_padding is not None:
             scores_shape = (queries.shape[0], self.h, queries.shape[1], keys.shape[1])
             key_padding = broadcast_mask(ops.expand_dims(key_padding, 1), scores_shape)  # (B, 1, 1, T_k)
