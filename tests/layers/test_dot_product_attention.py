@@ -121,6 +121,24 @@ def test_causal_is_bottom_right_aligned(rng, t_q, t_k, return_weights):
 # --- every backend ----------------------------------------------------------------------------------
 
 
+def test_keras_masks_on_the_keys_are_key_padding(rng):
+    """Embeddings with `mask_zero=True` as queries, keys and values: padded keys get no weight, alone or
+    combined with an explicit causal mask, eagerly and in a functional model."""
+    ids = np.array([[3, 4, 5, 0, 0, 0], [1, 2, 0, 0, 0, 0]], "int32")
+    embedding = keras.layers.Embedding(9, 4, mask_zero=True)
+    x = embedding(ids)
+    e = to_numpy(x).astype("float64")
+    padding = (ids != 0)[:, None, :]  # (B, 1, T_k)
+    look_ahead = np.tril(np.ones((6, 6), bool))
+    layer = attnkit.DotProductAttention()
+    assert_close(layer(x, x, x), reference.attention(e, e, e, keep=padding)[0])
+    assert_close(layer(x, x, x, mask=look_ahead), reference.attention(e, e, e, keep=padding & look_ahead)[0])
+    tokens = keras.Input((6,), dtype="int32")
+    embedded = embedding(tokens)
+    model = keras.Model(tokens, attnkit.DotProductAttention()(embedded, embedded, embedded))
+    assert_close(model(ids), reference.attention(e, e, e, keep=padding)[0])
+
+
 def test_same_inputs_give_same_outputs_on_every_backend():
     assert_same_on_every_backend("DotProductAttention")
 

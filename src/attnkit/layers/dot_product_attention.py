@@ -6,10 +6,12 @@ Legend: `...` leading dims (batch, heads), T_q/T_k query/key lengths, d_k/d_v wi
 import math
 
 import keras
+from keras import ops
 
 from attnkit._validation import positive_int, rate
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
+from attnkit.ops.masks import broadcast_mask, combine_masks
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -26,7 +28,9 @@ class DotProductAttention(keras.layers.Layer):
         keys: (..., T_k, d_k).
         values: (..., T_k, d_v).
         d_k: the width used for the 1/sqrt(d_k) scale, as in seed 000; default `queries.shape[-1]`.
-        mask: optional keep-mask, True = may attend, broadcastable to (..., T_q, T_k).
+        mask: optional keep-mask, True = may attend, broadcastable to (..., T_q, T_k). A Keras mask
+            on the keys or values (from `Embedding(mask_zero=True)`, (B, T_k)) is honoured as key
+            padding, combined with `mask`.
         causal: also apply the bottom-right look-ahead mask. Default False.
         return_attention_weights: also return the weights. Default False.
         training: whether dropout is active.
@@ -51,9 +55,15 @@ class DotProductAttention(keras.layers.Layer):
 
     def call(
         self, queries, keys, values, d_k=None, mask=None, *, causal=False,
-        return_attention_weights=False, training=None,
+        return_attention_weights=False, training=None, queries_mask=None, keys_mask=None, values_mask=None,
     ):
         scale = None if d_k is None else 1.0 / math.sqrt(positive_int("d_k", d_k))
+        key_padding = keys_mask if keys_mask is not None else values_mask  # filled by Keras, (B, T_k)
+        if key_padding is not None:
+            for _ in range(len(queries.shape) - 2):
+                key_padding = ops.expand_dims(key_padding, 1)  # (B, 1, ..., 1, T_k)
+            scores_shape = (*queries.shape[:-1], keys.shape[-2])
+            mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
         options = dict(
             causal=causal, scale=scale, dropout=self.dropout, training=bool(training), seed=self.seed_generator
         )
