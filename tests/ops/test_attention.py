@@ -300,3 +300,27 @@ def test_bad_scale_raises(function, scale):
 def test_dropout_outside_unit_interval_raises(function, dropout):
     with pytest.raises(ValueError, match=rf"`dropout` must be a float in \[0, 1\). Received: dropout={dropout!r}"):
         FUNCTIONS[function](_zeros(2, 5, 4), _zeros(2, 6, 4), _zeros(2, 6, 4), dropout=dropout)
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_float64_inputs_are_computed_in_float64(rng, tiled, monkeypatch, default_scores_budget):
+    """float64 in, float64 out, to float64's rounding, on both paths, masked and causal; the tiled
+    path (forced by a tiny budget where the backend has no kernel) too."""
+    import keras
+
+    if keras.backend.backend() == "jax":
+        pytest.skip("jax holds float64 only under jax_enable_x64")
+    from attnkit.ops import set_max_scores_bytes
+
+    q, k, v = (rng.standard_normal((B, H, t, 8)) for t in (T_Q, T_K, T_K))  # float64
+    keep = rng.random((B, 1, T_Q, T_K)) < 0.7
+    if tiled:
+        set_max_scores_bytes(64)
+    for causal in (False, True):
+        want = reference.attention(q, k, v, keep=keep & reference.causal_keep(T_Q, T_K) if causal else keep)[0]
+        outputs = [fused_attention(*map(ops.convert_to_tensor, (q, k, v)), keep, causal=causal)]
+        if not tiled:
+            outputs.append(scaled_dot_product_attention(*map(ops.convert_to_tensor, (q, k, v)), keep, causal=causal)[0])
+        for out in outputs:
+            assert keras.backend.standardize_dtype(out.dtype) == "float64"
+            np.testing.assert_allclose(to_numpy(out), want, rtol=0, atol=1e-13)

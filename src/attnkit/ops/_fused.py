@@ -149,6 +149,17 @@ def _jax(queries, keys, values, keep, causal, scale):
     return out
 
 
+def matmul(a, b):
+    """a @ b by keras.ops.matmul, except for float64 torch tensors: Keras multiplies those in float32
+    (its type promotion), which would cost float64 inputs their precision."""
+    if _is_torch_tensor(a) and _is_torch_tensor(b):
+        import torch
+
+        if a.dtype == b.dtype == torch.float64:
+            return torch.matmul(a, b)
+    return ops.matmul(a, b)
+
+
 def _is_torch_tensor(x):
     """Whether the backend is torch and `x` one of its tensors (not a NumPy array or a KerasTensor)."""
     if keras.backend.backend() != "torch":

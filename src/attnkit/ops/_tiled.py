@@ -29,6 +29,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from attnkit.ops._numerics import constant, scores_dtype
+
 # A tile of about 4 MiB of float32 scores: (1, 8, 512, 256) measured fastest at T = 16384, h = 8 on
 # jax (256 x 512 to 1024 x 256 queries x keys within 10%; 2048 x 256 and 512 x 128 were 20-60% slower).
 # Large batches run a few examples at a time: at B = 32, h = 8, T = 512, tiles of one example ran
@@ -97,14 +99,12 @@ def tiled_attention(queries, keys, values, keep, causal, scale, tile):
 
 def _tiled_examples(queries, keys, values, keep, causal, scale, tile):
     """`tiled_attention` of all the examples given at once, in tiles (bq, bk) = `tile`."""
-    from attnkit.ops.attention import _scores_dtype  # here: attention imports this module
-
     dtype = keras.backend.standardize_dtype(queries.dtype)
-    compute = _scores_dtype(dtype)
+    compute = scores_dtype(dtype)
     tiles = _Tiles(tuple(queries.shape), tuple(keys.shape), values.shape[-1], causal, tile, compute)
 
     def forward(q, k, v, keep):
-        q_s = tiles.query_blocks(ops.cast(q, compute) * ops.cast(scale, compute))  # (n, *lead, bq, d_k)
+        q_s = tiles.query_blocks(ops.cast(q, compute) * constant(scale, compute))  # (n, *lead, bq, d_k)
         k_b = tiles.key_blocks(ops.cast(k, compute))  # (m, *lead, bk, d_k)
         v_b = tiles.key_blocks(ops.cast(v, compute))  # (m, *lead, bk, d_v)
         o_b, lse_b = tiles.forward(q_s, k_b, v_b, keep)  # (n, *lead, bq, d_v), (n, *lead, bq)
@@ -113,7 +113,7 @@ def _tiled_examples(queries, keys, values, keep, causal, scale, tile):
     def backward(saved, d_o):
         d_q, d_k, d_v = tiles.backward(*saved, tiles.query_blocks(ops.cast(d_o, compute)))
         return (
-            ops.cast(tiles.from_query_blocks(d_q) * ops.cast(scale, compute), dtype),
+            ops.cast(tiles.from_query_blocks(d_q) * constant(scale, compute), dtype),
             ops.cast(tiles.from_key_blocks(d_k), dtype),
             ops.cast(tiles.from_key_blocks(d_v), dtype),
         )
@@ -231,7 +231,7 @@ class _Tiles:
         s = ops.matmul(q_s, ops.swapaxes(k, -1, -2))
         keep = self.tile_keep(keep, i, j)
         if keep is not None:
-            s = ops.where(keep, s, ops.cast(self.lowest, self.dtype))
+            s = ops.where(keep, s, constant(self.lowest, self.dtype))
         return s, keep
 
     def weights(self, s, reference, keep):
@@ -247,7 +247,7 @@ class _Tiles:
         def query_block(block):
             q, i = block["q"], block["i"]
             zeros = ops.zeros_like(q[..., 0])  # (*lead, bq)
-            lowest = zeros + ops.cast(self.lowest, self.dtype)
+            lowest = zeros + constant(self.lowest, self.dtype)
 
             def step(j, carry):
                 o, l, m = carry  # (*lead, bq, d_v), (*lead, bq), (*lead, bq)
@@ -275,6 +275,11 @@ class _Tiles:
             p = self.weights(s, lse, keep)  # P (*lead, bq, bk)
             d_p = ops.matmul(d_o, ops.swapaxes(v, -1, -2))
             return p, p * (d_p - delta[..., None])  # P, dS
+
+        return self._two_sweep_backward(q_s, k_b, v_b, d_o_b, delta_b, lse_b, weights_and_ds)
+
+    def _two_sweep_backward(self, q_s, k_b, v_b, d_o_b, delta_b, lse_b, weights_and_ds):
+        """`backward` as one sweep over query blocks (dQ), then one over key blocks (dK, dV)."""
 
         def query_block(block):
             q, i = block["q"], block["i"]

@@ -32,9 +32,9 @@ from keras import ops
 
 from attnkit._validation import positive_float, positive_int, rate
 from attnkit.ops import _fused, _tiled
+from attnkit.ops._numerics import HALF_DTYPES, constant, scores_dtype
 from attnkit.ops.masks import _shape_str, broadcast_mask
 
-HALF_DTYPES = ("float16", "bfloat16")
 DEFAULT_MAX_SCORES_BYTES = 2 * 1024**3
 # Without a memory-efficient kernel, `fused_attention` computes the scores tile by tile (`_tiled.py`)
 # once the whole scores would exceed TILED_ABOVE_BYTES (or the budget, if lower).
@@ -74,11 +74,6 @@ def max_scores_bytes():
         ) from None
 
 
-def _scores_dtype(dtype):
-    """The scores' dtype: float32 for half-precision inputs (decision 5 in docs/decisions.md)."""
-    return "float32" if dtype in HALF_DTYPES else dtype
-
-
 def check_scores_budget(scores_shape, dtype):
     """Raises a MemoryError naming the size and the way out when a scores tensor would exceed the budget.
 
@@ -111,7 +106,7 @@ def tile_for(scores_shape, dtype):
     *lead, q_len, k_len = scores_shape
     if q_len is None or k_len is None or sum(d is None for d in lead) > 1:
         return None  # tiles need static lengths, and a reshape can infer one dimension only
-    score_dtype = _scores_dtype(dtype)
+    score_dtype = scores_dtype(dtype)
     size = math.prod(d or 1 for d in lead) * q_len * k_len * np.dtype(score_dtype).itemsize
     if size <= min(TILED_ABOVE_BYTES, max_scores_bytes()):
         return None
@@ -183,10 +178,10 @@ def masked_softmax(scores, keep=None):
         Weights of the dtype of `scores`, computed in float32 when `scores` is float16/bfloat16.
     """
     dtype = keras.backend.standardize_dtype(scores.dtype)
-    softmax_dtype = "float32" if dtype in HALF_DTYPES else dtype
+    softmax_dtype = scores_dtype(dtype)
     scores = ops.cast(scores, softmax_dtype)
     if keep is not None:
-        scores = ops.where(keep, scores, ops.cast(float(np.finfo(softmax_dtype).min), softmax_dtype))
+        scores = ops.where(keep, scores, constant(np.finfo(softmax_dtype).min, softmax_dtype))
     weights = ops.softmax(scores, axis=-1)
     if keep is not None:
         # Exact zeros where masked; a row with no key left is all zeros instead of uniform.
@@ -270,7 +265,7 @@ def fused_attention(
 
 def _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed):
     dtype = keras.backend.standardize_dtype(queries.dtype)
-    check_scores_budget((*queries.shape[:-1], keys.shape[-2]), _scores_dtype(dtype))
+    check_scores_budget((*queries.shape[:-1], keys.shape[-2]), scores_dtype(dtype))
     scores = _scores(queries, keys, scale)  # (..., T_q, T_k)
     lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
     keep = keep_mask(mask, causal, tuple(scores.shape), lengths)
@@ -278,14 +273,14 @@ def _explicit(queries, keys, values, mask, causal, scale, dropout, training, see
     attended = weights
     if training and dropout > 0:
         attended = keras.random.dropout(weights, dropout, seed=seed)
-    return ops.matmul(attended, values), weights  # (..., T_q, d_v), (..., T_q, T_k)
+    return _fused.matmul(attended, values), weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
 def _scores(queries, keys, scale):
     """scale * Q K^T, (..., T_q, T_k), in float32 for half-precision inputs."""
     # float16 scores overflow (max 65504) once |q . k| * scale is large, e.g. inputs of 100 with
     # d_k = 64: compute them in float32, where the softmax runs anyway, as the fused kernels do.
-    score_dtype = _scores_dtype(keras.backend.standardize_dtype(queries.dtype))
+    score_dtype = scores_dtype(keras.backend.standardize_dtype(queries.dtype))
     # Scale the queries, not the scores: fewer multiplications.
-    scaled_queries = ops.cast(queries, score_dtype) * ops.cast(scale, score_dtype)
-    return ops.matmul(scaled_queries, ops.swapaxes(ops.cast(keys, score_dtype), -1, -2))
+    scaled_queries = ops.cast(queries, score_dtype) * constant(scale, score_dtype)
+    return _fused.matmul(scaled_queries, ops.swapaxes(ops.cast(keys, score_dtype), -1, -2))
