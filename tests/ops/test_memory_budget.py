@@ -59,7 +59,11 @@ def test_exactly_at_the_budget_runs_and_one_byte_less_refuses():
     out, weights = scaled_dot_product_attention(q, k, v)
     assert to_numpy(weights).shape == (1, 2, 5, 7)
     set_max_scores_bytes(279)
-    with pytest.raises(MemoryError, match=r"shape \(1, 2, 5, 7\) float32"):
+    with pytest.raises(MemoryError, match=r"shape \(1, 2, 5, 7\) float32 = 280 bytes, above the budget of 279 bytes"):
+        scaled_dot_product_attention(q, k, v)
+    set_max_scores_bytes(3 * 1024)
+    q, k, v = qkv(40, 50)  # 16000 bytes
+    with pytest.raises(MemoryError, match="= 15.62 KiB, above the budget of 3.00 KiB"):
         scaled_dot_product_attention(q, k, v)
 
 

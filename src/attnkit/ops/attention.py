@@ -86,11 +86,19 @@ def check_scores_budget(scores_shape, dtype):
     if size > budget:
         raise MemoryError(
             f"Explicit attention would allocate a scores tensor of shape {_shape_str(scores_shape)} {dtype} "
-            f"= {size / 1024**3:.2f} GiB, above the budget of {budget / 1024**3:.2f} GiB. Don't request the "
+            f"= {_bytes_str(size)}, above the budget of {_bytes_str(budget)}. Don't request the "
             "attention weights (use `fused_attention`, or return_attention_weights=False in the layers), whose "
             "memory does not grow as T_q * T_k; or shorten the sequences; or "
             f"raise the budget with attnkit.ops.set_max_scores_bytes(...) or {MAX_SCORES_ENV}."
         )
+
+
+def _bytes_str(size):
+    """`size` bytes in the largest binary unit that keeps it at least 1: '8.00 GiB', '504 bytes'."""
+    for unit, power in (("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        if size >= 1024**power:
+            return f"{size / 1024**power:.2f} {unit}"
+    return f"{size} bytes"
 
 
 def tile_for(scores_shape, dtype):
