@@ -264,3 +264,160 @@ def test_path_that_is_a_file(tmp_path):
     shutil.copy(os.path.join(MODEL_PATH, "config.json"), file)
     with pytest.raises(FileNotFoundError, match=rf"Model directory {re.escape(str(file))} is not a directory"):
         attnkit.load_pretrained(file)
+
+
+def test_texts_may_be_any_iterable_and_other_types_are_named(tmp_path):
+    tiny = attnkit.load_pretrained(write_tiny_model(tmp_path / "tiny"))
+    texts = ["the cat sat", "a dog ran"]
+    expected = tiny.encode(texts)
+    np.testing.assert_array_equal(tiny.encode(t for t in texts), expected)  # a generator was read as empty
+    np.testing.assert_array_equal(tiny.encode(tuple(texts)), expected)
+    from_generator = tiny.attentions(t for t in texts)
+    assert len(from_generator) == 2 and from_generator[0].shape == (2, 2, 5, 5)
+    np.testing.assert_array_equal(from_generator[1], tiny.attentions(texts)[1])
+    with pytest.raises(TypeError, match=r"^`texts` must be a string or a list of strings. Received: texts of type int$"):
+        tiny.encode(5)
+    with pytest.raises(TypeError, match=r"^`texts` must be a string or a list of strings. Received: texts of type NoneType$"):
+        tiny.attentions(None)
+    with pytest.raises(TypeError, match=r"^`text` must be a string. Received: text of type int$"):
+        tiny.tokens(3)
+    with pytest.raises(
+        TypeError, match=r"^`path` must be a model directory \(str or os.PathLike\) or None. Received: path of type int$"
+    ):
+        attnkit.load_pretrained(5)
+
+
+def test_encode_does_not_make_numpy_warn_about_copy(tmp_path):
+    import warnings
+
+    tiny = attnkit.load_pretrained(write_tiny_model(tmp_path / "tiny"))
+    with warnings.catch_warnings():
+        # torch tensors through keras.ops.convert_to_numpy warned once per batch under NumPy 2
+        warnings.filterwarnings("error", message=".*__array__ implementation doesn't accept a copy keyword")
+        assert tiny.encode(["the cat", "a dog ran", "big"], batch_size=1).shape == (3, 8)
+
+
+def test_tokenizer_with_more_ids_than_the_vocab_size_is_refused(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny")
+    with open(os.path.join(path, "vocab.txt"), "a") as f:
+        f.write("mouse\nhouse\n")  # ids 16 and 17; config.json says vocab_size 16
+    message = (
+        rf"^{re.escape(path)}/vocab.txt: the tokenizer has ids up to 17 \(18 tokens\), but {re.escape(path)}/config.json "
+        r"has vocab_size=16: the tokenizer does not belong to these weights$"
+    )
+    with pytest.raises(ValueError, match=message):
+        attnkit.load_pretrained(path)
+
+
+def test_original_bert_layer_norm_names_are_accepted(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    path = write_tiny_model(tmp_path / "tiny")
+    expected = attnkit.load_pretrained(path).hidden_states("the cat sat")
+    file = os.path.join(path, "model.safetensors")
+    renamed = {
+        name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): value
+        for name, value in load_file(file).items()
+    }
+    assert "bert.embeddings.LayerNorm.gamma" not in renamed and "embeddings.LayerNorm.gamma" in renamed
+    save_file({"bert." + name: value for name, value in renamed.items()}, file)
+    np.testing.assert_array_equal(attnkit.load_pretrained(path).hidden_states("the cat sat"), expected)
+
+
+def test_layer_norm_stored_under_both_names_is_refused(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    path = write_tiny_model(tmp_path / "tiny")
+    file = os.path.join(path, "model.safetensors")
+    weights = load_file(file)
+    weights["embeddings.LayerNorm.gamma"] = weights["embeddings.LayerNorm.weight"]
+    save_file(weights, file)
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(file)}: both 'embeddings.LayerNorm.gamma' and 'embeddings.LayerNorm.weight' are stored",
+    ):
+        attnkit.load_pretrained(path)
+
+
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("hidden_dropout_prob", "abc", "`hidden_dropout_prob` must be a number. Received: hidden_dropout_prob='abc'"),
+        ("hidden_dropout_prob", 1.0, r"`hidden_dropout_prob` must be in \[0, 1\). Received: hidden_dropout_prob=1.0"),
+        ("layer_norm_eps", None, "`layer_norm_eps` must be a number. Received: layer_norm_eps=None"),
+        ("layer_norm_eps", 0, "`layer_norm_eps` must be a positive number. Received: layer_norm_eps=0.0"),
+        ("pad_token_id", "x", r"`pad_token_id` must be null or an integer in \[0, vocab_size=16\). Received: pad_token_id='x'"),
+        ("pad_token_id", 16, r"`pad_token_id` must be null or an integer in \[0, vocab_size=16\). Received: pad_token_id=16"),
+        ("type_vocab_size", 2.5, "`type_vocab_size` must be a positive integer. Received: type_vocab_size=2.5"),
+        ("type_vocab_size", 0, "`type_vocab_size` must be a positive integer. Received: type_vocab_size=0"),
+    ],
+)
+def test_invalid_optional_config_fields_name_config_json_and_the_key(tmp_path, key, value, expected):
+    import json
+
+    path = write_tiny_model(tmp_path / "tiny")
+    file = os.path.join(path, "config.json")
+    with open(file) as f:
+        config = json.load(f)
+    config[key] = value
+    with open(file, "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match=rf"^{re.escape(file)}: {expected}$"):
+        attnkit.load_pretrained(path)
+
+
+def test_null_pad_token_id_pads_with_zero(tmp_path):
+    import json
+
+    path = write_tiny_model(tmp_path / "tiny")
+    file = os.path.join(path, "config.json")
+    with open(file) as f:
+        config = json.load(f)
+    config["pad_token_id"] = None
+    with open(file, "w") as f:
+        json.dump(config, f)
+    assert attnkit.load_pretrained(path).model.pad_id == 0
+
+
+ACCENT_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cafe", "café", "Cafe", "Café", "naive", "naïve",
+                "東", "京", "東京"]
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({}, ["cafe", "naive", "東", "京", "cafe"]),
+        ({"strip_accents": False}, ["café", "naïve", "東", "京", "cafe"]),  # was stripped: the setting was ignored
+        ({"strip_accents": True, "do_lower_case": False}, ["Cafe", "naive", "東", "京", "Cafe"]),
+        ({"do_lower_case": False}, ["Café", "naïve", "東", "京", "Cafe"]),
+        ({"tokenize_chinese_chars": False}, ["cafe", "naive", "東京", "cafe"]),
+    ],
+)
+def test_vocab_txt_tokenizer_follows_tokenizer_config(tmp_path, settings, expected):
+    import json
+
+    from attnkit.models.hf_checkpoint import read_tokenizer
+
+    with open(tmp_path / "vocab.txt", "w", encoding="utf-8") as f:
+        f.write("\n".join(ACCENT_VOCAB) + "\n")
+    with open(tmp_path / "tokenizer_config.json", "w") as f:
+        json.dump(settings, f)
+    text = "Café naïve 東京 Cafe"
+    tokens = read_tokenizer(str(tmp_path)).encode(text).tokens
+    assert tokens == ["[CLS]", *expected, "[SEP]"]
+    reference = transformers.BertTokenizer(
+        str(tmp_path / "vocab.txt"), do_lower_case=settings.get("do_lower_case", True),
+        strip_accents=settings.get("strip_accents"), tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True),
+    )
+    assert tokens[1:-1] == reference.tokenize(text)
+
+
+def test_invalid_tokenizer_config_setting(tmp_path):
+    from attnkit.models.hf_checkpoint import read_tokenizer
+
+    (tmp_path / "vocab.txt").write_text("\n".join(ACCENT_VOCAB) + "\n", encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text('{"strip_accents": "yes"}')
+    with pytest.raises(
+        ValueError, match=r"tokenizer_config.json: `strip_accents` must be null, true or false. Received: strip_accents='yes'$"
+    ):
+        read_tokenizer(str(tmp_path))

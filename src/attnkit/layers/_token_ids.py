@@ -29,8 +29,12 @@ def _concrete_values(x):
 
         if not tf.executing_eagerly() or tf.is_symbolic_tensor(x):
             return None
-    elif backend == "torch" and x.device.type == "meta":  # Keras traces torch layers on "meta"
-        return None
+    elif backend == "torch":
+        if x.device.type == "meta":  # Keras traces torch layers on "meta"
+            return None
+        # keras.ops.convert_to_numpy goes through np.asarray(tensor), which makes NumPy 2 warn
+        # (DeprecationWarning: __array__ takes no `copy` keyword) on every call.
+        return x.detach().cpu().numpy()
     return np.asarray(ops.convert_to_numpy(x))
 
 

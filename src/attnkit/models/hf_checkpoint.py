@@ -48,7 +48,8 @@ def read_config(path):
 
     Raises:
         FileNotFoundError: no config.json.
-        ValueError: not JSON, another architecture, missing or invalid sizes.
+        ValueError: not JSON, another architecture, missing or invalid sizes, an invalid optional field
+            (hidden_dropout_prob, layer_norm_eps, type_vocab_size, pad_token_id), naming the key.
     """
     file = os.path.join(path, CONFIG_FILE)
     config = _read_json(file)
@@ -79,6 +80,25 @@ def read_config(path):
     position_type = config.get("position_embedding_type", "absolute")
     if position_type != "absolute":
         raise ValueError(f"{file}: position_embedding_type {position_type!r} is not supported; expected 'absolute'")
+    rate = _optional_number(file, config, "hidden_dropout_prob", 0.1)
+    if not 0 <= rate < 1:
+        raise ValueError(f"{file}: `hidden_dropout_prob` must be in [0, 1). Received: hidden_dropout_prob={rate!r}")
+    epsilon = _optional_number(file, config, "layer_norm_eps", 1e-12)
+    if not epsilon > 0:
+        raise ValueError(f"{file}: `layer_norm_eps` must be a positive number. Received: layer_norm_eps={epsilon!r}")
+    type_vocab_size = config.get("type_vocab_size", 2)
+    if isinstance(type_vocab_size, bool) or not isinstance(type_vocab_size, int) or type_vocab_size <= 0:
+        raise ValueError(
+            f"{file}: `type_vocab_size` must be a positive integer. Received: type_vocab_size={type_vocab_size!r}"
+        )
+    pad_id = config.get("pad_token_id", 0)
+    if pad_id is None:  # no padding token: pad with 0, which is never attended to (see PretrainedEncoder)
+        pad_id = 0
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < sizes["vocab_size"]:
+        raise ValueError(
+            f"{file}: `pad_token_id` must be null or an integer in [0, vocab_size={sizes['vocab_size']}). "
+            f"Received: pad_token_id={pad_id!r}"
+        )
     return dict(
         vocab_size=sizes["vocab_size"],
         sequence_length=sizes["max_position_embeddings"],
@@ -88,12 +108,20 @@ def read_config(path):
         d_model=d_model,
         d_ff=sizes["intermediate_size"],
         n=sizes["num_hidden_layers"],
-        rate=float(config.get("hidden_dropout_prob", 0.1)),
-        type_vocab_size=int(config.get("type_vocab_size", 2)),
-        epsilon=float(config.get("layer_norm_eps", 1e-12)),
+        rate=rate,
+        type_vocab_size=type_vocab_size,
+        epsilon=epsilon,
         activation=activation,
-        pad_id=int(config.get("pad_token_id") or 0),
+        pad_id=pad_id,
     )
+
+
+def _optional_number(file, config, key, default):
+    """config[key] as a float (`default` when absent); anything but a real number is refused, naming the key."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # value != value: NaN
+        raise ValueError(f"{file}: `{key}` must be a number. Received: {key}={value!r}")
+    return float(value)
 
 
 def expected_shapes(config):
@@ -124,7 +152,8 @@ def expected_shapes(config):
 def read_weights(path, config):
     """Reads model.safetensors into {Hugging Face name: float32 array}, checked against the config.
 
-    Names with the "bert." prefix of the task heads (BertForMaskedLM, ...) are accepted; weights the
+    Names with the "bert." prefix of the task heads (BertForMaskedLM, ...) are accepted, and so are the
+    original BERT's layer norm names `LayerNorm.gamma`/`LayerNorm.beta` (for `.weight`/`.bias`); weights the
     encoder does not use (pooler, heads, position_ids) are ignored.
 
     Raises:
@@ -142,6 +171,13 @@ def read_weights(path, config):
     except (SafetensorError, OSError, ValueError, TypeError) as e:
         raise ValueError(f"{file}: cannot read the safetensors file, truncated or corrupt? ({e})") from None
     stored = {name.removeprefix("bert."): value for name, value in stored.items()}
+    for name in list(stored):  # the original BERT's names, which transformers also maps
+        for old_suffix, new_suffix in ((".LayerNorm.gamma", ".LayerNorm.weight"), (".LayerNorm.beta", ".LayerNorm.bias")):
+            if name.endswith(old_suffix):
+                canonical = name.removesuffix(old_suffix) + new_suffix
+                if canonical in stored:
+                    raise ValueError(f"{file}: both {name!r} and {canonical!r} are stored; expected one of them")
+                stored[canonical] = stored.pop(name)
     weights = {}
     for name, shape in expected_shapes(config).items():
         if name not in stored:
@@ -155,11 +191,25 @@ def read_weights(path, config):
     return weights
 
 
-def read_tokenizer(path):
+def read_tokenizer(path, *, vocab_size=None):
     """A `tokenizers.Tokenizer` from tokenizer.json, else a WordPiece tokenizer from vocab.txt.
+
+    A vocab.txt tokenizer follows tokenizer_config.json as transformers' BertTokenizer does:
+    `do_lower_case` (default true), `strip_accents` (null: strip when lowercasing; true: strip; false:
+    keep) and `tokenize_chinese_chars` (default true: a CJK character is a word of its own).
 
     Padding and truncation stored in the file are switched off: the caller pads each batch to its
     longest sequence and truncates at the model's maximum length.
+
+    Args:
+        path: the model directory.
+        vocab_size: config.json's vocab_size; when given, a tokenizer that can produce an id >= it is
+            refused (the id would index past the embedding table).
+
+    Raises:
+        FileNotFoundError: neither tokenizer.json nor vocab.txt.
+        ValueError: an unreadable tokenizer, invalid tokenizer_config.json settings, or more tokens
+            than `vocab_size`.
     """
     from tokenizers import Tokenizer
     from tokenizers.implementations import BertWordPieceTokenizer
@@ -168,17 +218,41 @@ def read_tokenizer(path):
     if not os.path.isfile(tokenizer_file) and not os.path.isfile(vocab_file):
         raise FileNotFoundError(f"{path}: neither tokenizer.json nor vocab.txt found; {_REQUIRED}")
     file = tokenizer_file if os.path.isfile(tokenizer_file) else vocab_file
+    options = {} if file == tokenizer_file else _word_piece_options(os.path.join(path, "tokenizer_config.json"))
     try:
         if file == tokenizer_file:
             tokenizer = Tokenizer.from_file(tokenizer_file)
         else:
-            settings = _read_json(os.path.join(path, "tokenizer_config.json"), required=False) or {}
-            tokenizer = BertWordPieceTokenizer(vocab_file, lowercase=settings.get("do_lower_case", True))
+            tokenizer = BertWordPieceTokenizer(vocab_file, **options)
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
         raise ValueError(f"{file}: cannot read the tokenizer ({e})") from None
+    if vocab_size is not None:
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()
+        largest = max(ids, default=-1)
+        if largest >= vocab_size:
+            raise ValueError(
+                f"{file}: the tokenizer has ids up to {largest} ({len(ids)} tokens), but "
+                f"{os.path.join(path, CONFIG_FILE)} has vocab_size={vocab_size}: the tokenizer does not "
+                "belong to these weights"
+            )
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer
+
+
+def _word_piece_options(file):
+    """BertWordPieceTokenizer's keyword arguments from tokenizer_config.json (defaults when absent)."""
+    settings = _read_json(file, required=False) or {}
+    lowercase = settings.get("do_lower_case", True)
+    strip_accents = settings.get("strip_accents")
+    chinese = settings.get("tokenize_chinese_chars", True)
+    for key, value, allowed in (("do_lower_case", lowercase, "true or false"),
+                                ("strip_accents", strip_accents, "null, true or false"),
+                                ("tokenize_chinese_chars", chinese, "true or false")):
+        if not (isinstance(value, bool) or (value is None and key == "strip_accents")):
+            raise ValueError(f"{file}: `{key}` must be {allowed}. Received: {key}={value!r}")
+    # strip_accents None: tokenizers' BertNormalizer then strips exactly when lowercasing, as transformers does
+    return dict(lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=chinese)
 
 
 def read_sentence_settings(path, config):

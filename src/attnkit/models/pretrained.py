@@ -11,7 +11,9 @@ With no argument it loads the embedded all-MiniLM-L6-v2 sentence encoder (packag
 Legend: N texts, B batch, T tokens (with [CLS] and [SEP]), h heads, d_model width, n layers.
 """
 
+import os
 import warnings
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -47,16 +49,21 @@ def load_pretrained(path=None):
     Raises:
         FileNotFoundError: a missing directory, config, weights file or tokenizer.
         ValueError: another architecture, a malformed config, a truncated or corrupt weights file,
-            a missing weight or one of the wrong shape.
+            a missing weight or one of the wrong shape, a tokenizer with ids past config.json's vocab_size.
+        TypeError: `path` neither a path nor None.
 
     Example:
     >>> encoder = load_pretrained()
     >>> encoder.encode(["hello world"]).shape  # (1, 384)
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"`path` must be a model directory (str or os.PathLike) or None. Received: path of type {type(path).__name__}"
+        )
     path = hf_checkpoint.check_directory(default_model_path() if path is None else path)
     config = hf_checkpoint.read_config(path)
     weights = hf_checkpoint.read_weights(path, config)
-    tokenizer = hf_checkpoint.read_tokenizer(path)
+    tokenizer = hf_checkpoint.read_tokenizer(path, vocab_size=config["vocab_size"])
     max_length, pooling = hf_checkpoint.read_sentence_settings(path, config)
     model = BertEncoder(**config, name="bert_encoder")
     model.build((None, None))
@@ -127,7 +134,7 @@ class PretrainedEncoder:
         """Tokenizes, truncates at `max_length` and pads to the longest text.
 
         Args:
-            texts: a list of strings.
+            texts: a list (or any iterable) of strings.
 
         Returns:
             (token_ids, padding_mask, tokens): int32 (N, T), bool (N, T) True at real tokens, and
@@ -159,6 +166,8 @@ class PretrainedEncoder:
 
     def tokens(self, text):
         """The token strings the model sees for one text, [CLS] and [SEP] included (after truncation)."""
+        if not isinstance(text, str):
+            raise TypeError(f"`text` must be a string. Received: text of type {type(text).__name__}")
         return self.tokenize([text])[2][0]
 
     def _run(self, token_ids, padding_mask, *, return_attention_weights=False):
@@ -204,8 +213,7 @@ class PretrainedEncoder:
         """
         from attnkit._validation import positive_int
 
-        single = isinstance(texts, str)
-        texts = _check_texts([texts] if single else texts)
+        single, texts = _one_or_many(texts)
         batch_size = positive_int("batch_size", batch_size)
         token_ids, padding_mask, _ = self.tokenize(texts)
         embeddings = np.zeros((len(texts), self.d_model), dtype=np.float32)
@@ -244,8 +252,8 @@ class PretrainedEncoder:
             float32 (T, d_model) for one string; (B, T, d_model) for a list, where rows past a text's
             length are padding (see `tokenize` for the mask).
         """
-        single = isinstance(texts, str)
-        token_ids, padding_mask, _ = self.tokenize([texts] if single else texts)
+        single, texts = _one_or_many(texts)
+        token_ids, padding_mask, _ = self.tokenize(texts)
         hidden = self._run(token_ids, padding_mask)  # (B, T, d_model)
         return hidden[0] if single else hidden
 
@@ -259,25 +267,37 @@ class PretrainedEncoder:
             A list of n float32 arrays, one per layer: (h, T, T) for one string, (B, h, T, T) for a
             list. Rows are queries, columns keys; token strings from `tokens`.
         """
-        single = isinstance(texts, str)
-        token_ids, padding_mask, _ = self.tokenize([texts] if single else texts)
+        single, texts = _one_or_many(texts)
+        token_ids, padding_mask, _ = self.tokenize(texts)
         _, weights = self._run(token_ids, padding_mask, return_attention_weights=True)
         return [w[0] for w in weights] if single else weights
 
 
 def _check_texts(texts):
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+    """`texts` as a list of strings; an iterable (a generator too) is read once, here."""
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+        raise TypeError(f"`texts` must be a list of strings. Received: texts of type {type(texts).__name__}")
+    texts = list(texts)
+    wrong = sorted({type(t).__name__ for t in texts if not isinstance(t, str)})
+    if wrong:
+        raise TypeError(f"`texts` must be a list of strings. Received: list with items of type {wrong}")
+    return texts
+
+
+def _one_or_many(texts):
+    """(whether `texts` is one string, the list of strings) for the methods that take either."""
+    if isinstance(texts, str):
+        return True, [texts]
+    if isinstance(texts, bytes) or not isinstance(texts, Iterable):
         raise TypeError(
-            f"`texts` must be a list of strings. Received: {type(texts).__name__}"
-            + ("" if isinstance(texts, str) else f" with items of type {sorted({type(t).__name__ for t in texts})}")
+            f"`texts` must be a string or a list of strings. Received: texts of type {type(texts).__name__}"
         )
-    return list(texts)
+    return False, _check_texts(texts)
 
 
 def _numpy(x):
+    if hasattr(x, "detach"):  # a torch tensor: .numpy() directly (np.asarray would warn about `copy`)
+        return x.detach().cpu().numpy().astype(np.float32, copy=False)
     from keras import ops
 
-    if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach()
     return np.asarray(ops.convert_to_numpy(x), dtype=np.float32)
-
