@@ -91,7 +91,7 @@ def test_embed_refuses_to_overwrite_without_force(tmp_path, capsys):
         (["embed", "a", "--input", "-"], "give texts as arguments or with --input, not both"),
         (["embed", "a", "--output", "out.csv"], "--output must end in .npy or .jsonl. Received: out.csv"),
         (["similarity", "only one"], "similarity needs at least two texts"),
-        (["heads", "a b", "--layer", "6"], "--layer must be in [0, 5] for this 6-layer model. Received: 6"),
+        (["heads", "a b", "--layer", "6"], "--layer must be in [-6, 5] (0 = first, -1 = last) for this 6-layer model. Received: 6"),
         (["heads", "a b", "--output", "heads.jpg"], "--output must end in .png. Received: heads.jpg"),
     ],
 )
@@ -155,3 +155,113 @@ def test_model_option_loads_another_directory(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["[0]", "[1]"]
     assert lines[1].split()[:2] == ["[0]", "1.000"] and lines[2].split()[2] == "1.000"
+
+
+def test_embed_input_splits_on_newlines_only(encoder, tmp_path, monkeypatch, capsys):
+    # str.splitlines() also split on \x0b \x0c \x1c-\x1e \x85 \u2028 \u2029: 7 embeddings for 3 lines
+    texts = ["page\x0cbreak and\x0bvertical tab", "sep\x1carators\x1d\x1e and next\x85line", "para\u2028graph\u2029s"]
+    source = tmp_path / "texts.txt"
+    source.write_bytes(("\r\n".join(texts) + "\r\n").encode("utf-8"))  # Windows line ends: "\r" dropped too
+    assert cli.main(["embed", "--input", str(source)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == len(out.splitlines()) == 3  # \x85, \u2028, \u2029 are escaped in the JSON lines
+    assert [json.loads(line)["text"] for line in out.splitlines()] == texts
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(("\n".join(texts) + "\n\nlast").encode("utf-8"))))
+    assert cli.main(["embed", "--input", "-"]) == 0
+    assert [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()] == [*texts, "", "last"]
+
+
+def test_embed_input_that_is_not_utf8_names_the_file(tmp_path, capsys):
+    source = tmp_path / "latin1.txt"
+    source.write_bytes("café\n".encode("latin-1"))
+    assert cli.main(["embed", "--input", str(source)]) == 2
+    assert capsys.readouterr().err == (
+        f"attnkit: error: cannot read --input {source}: not UTF-8 text (byte 0xe9 at offset 3)\n"
+    )
+
+
+def test_embed_accepts_upper_case_extensions(encoder, tmp_path):
+    output = tmp_path / "OUT.NPY"
+    assert cli.main(["embed", "A cat sits.", "--output", str(output)]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["OUT.NPY"]  # np.save(path) would have written OUT.NPY.npy
+    np.testing.assert_allclose(np.load(output), encoder.encode(["A cat sits."]), atol=1e-6)
+
+
+def test_heads_accepts_negative_layers_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["heads", "a b", "--layer", "-7"]) == 2
+    assert capsys.readouterr().err == (
+        "attnkit: error: --layer must be in [-6, 5] (0 = first, -1 = last) for this 6-layer model. Received: -7\n"
+    )
+
+
+def test_batch_size_must_be_positive(capsys):
+    assert cli.main(["embed", "a", "--batch-size", "0"]) == 2
+    assert capsys.readouterr().err == "attnkit: error: argument --batch-size: must be a positive integer, not '0'\n"
+
+
+def test_heads_prints_the_truncation_warning_once(monkeypatch, capsys):
+    drawn = {}
+    monkeypatch.setattr("attnkit.viz.plot_attention", lambda weights, x, y, **kwargs: drawn.update(shape=weights.shape))
+    assert cli.main(["heads", "word " * 300, "--output", "long.png"]) == 0
+    assert drawn["shape"] == (12, 256, 256)
+    assert capsys.readouterr().err.splitlines() == [
+        "attnkit: warning: 1 of 1 texts were longer than the model's maximum of 256 tokens and were truncated",
+        "wrote 12 heads of layer 0 over 256 tokens to long.png",
+    ]
+
+
+def test_a_keras_layer_error_is_its_first_line_without_colours(encoder, monkeypatch, capsys):
+    import keras
+
+    class Failing(keras.layers.Layer):
+        def call(self, x):
+            raise ValueError("the real problem\nmore detail")
+
+    try:
+        Failing()(np.zeros((1, 2), "float32"))
+    except ValueError as e:
+        wrapped = e
+    assert "Exception encountered when calling" in str(wrapped)  # as Keras re-raises it, on every backend
+
+    def encode(*args, **kwargs):
+        raise wrapped
+
+    monkeypatch.setattr(encoder, "encode", encode)
+    assert cli.main(["embed", "hello"]) == 1
+    assert capsys.readouterr().err == "attnkit: error: the real problem\n"
+
+
+def test_memory_error_is_one_line(tmp_path, monkeypatch, capsys):
+    path = write_tiny_model(tmp_path / "tiny")
+    monkeypatch.setenv("ATTNKIT_MAX_SCORES_BYTES", "100")  # the tiny model's (1, 2, 5, 5) float32 scores: 200 bytes
+    assert cli.main(["heads", "the cat sat", "--model", path, "--output", str(tmp_path / "m.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("attnkit: error: MemoryError: Explicit attention would allocate a scores tensor of shape")
+    assert err.count("\n") == 1 and "\x1b" not in err
+    assert not (tmp_path / "m.png").exists()
+
+
+def test_any_other_exception_is_one_line_with_its_type(monkeypatch, capsys):
+    def fail(path=None):
+        raise KeyError("alphabet")
+
+    monkeypatch.setattr(pretrained, "load_pretrained", fail)
+    assert cli.main(["similarity", "a", "b"]) == 1
+    assert capsys.readouterr().err == "attnkit: error: KeyError: 'alphabet'\n"
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    # `attnkit embed ... | head -1`: the reader goes away after one line
+    path = write_tiny_model(tmp_path / "tiny")
+    source = tmp_path / "texts.txt"
+    source.write_text("the cat sat on the mat\n" * 3000, encoding="utf-8")  # ~600 kB of JSON lines: past a pipe's buffer
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnkit.cli", "embed", "--input", str(source), "--model", path],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert json.loads(process.stdout.readline())["text"] == "the cat sat on the mat"
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert [line for line in stderr.splitlines() if line.startswith(("attnkit", "Traceback", "Exception"))] == []

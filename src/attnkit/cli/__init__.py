@@ -12,6 +12,8 @@ embed, similarity and heads use the embedded all-MiniLM-L6-v2 model, or `--model
 Errors are one line on stderr and a non-zero exit status, never a traceback.
 """
 
+import os
+import re
 import sys
 
 from attnkit.cli import pretrained, translation
@@ -29,19 +31,55 @@ def build_parser():
 
 
 def main(argv=None):
-    """Runs the command line `argv` (default sys.argv[1:]); returns the exit status."""
+    """Runs the command line `argv` (default sys.argv[1:]); returns the exit status.
+
+    Every exception ends as one line on stderr: 2 for a usage error, 1 for anything else, 130 for
+    Ctrl-C, 141 (as a process killed by SIGPIPE) when the reader of stdout went away (`| head`).
+    """
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)
     except CommandError as e:
-        print(f"attnkit: error: {e}", file=sys.stderr)
+        print(f"attnkit: error: {one_line(e)}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError, OSError) as e:
-        print(f"attnkit: error: {e}", file=sys.stderr)
-        return 1
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
     except ImportError as e:
-        print(f"attnkit: error: {e}; install the extras: pip install 'attnkit[pretrained,viz]'", file=sys.stderr)
+        print(f"attnkit: error: {one_line(e)}; install the extras: pip install 'attnkit[pretrained,viz]'", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, OSError) as e:
+        print(f"attnkit: error: {one_line(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - the one-line rule holds for every failure, named by its type
+        print(f"attnkit: error: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)
         return 130
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def one_line(error):
+    r"""The first meaningful line of an exception's message, without terminal colour codes.
+
+    Keras re-raises an error from inside a layer's `call` as "Exception encountered when calling
+    X.call().\n\n<the original message, in bold>\n\nArguments received by X.call(): ...": the
+    original message is the line after that header.
+    """
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines()]
+    lines = [line for line in lines if line and not line.startswith("Exception encountered when calling")]
+    if not lines:
+        return type(error).__name__
+    return lines[0]
+
+
+def _silence_stdout():
+    # The reader is gone: Python would report another BrokenPipeError when it flushes stdout at exit.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (tests)
+        pass

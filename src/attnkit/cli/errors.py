@@ -23,3 +23,14 @@ def positive_int(text):
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
     return value
+
+
+def non_negative_int(text):
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, not {text!r}")
+    return value

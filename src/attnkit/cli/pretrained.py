@@ -1,11 +1,13 @@
 """`attnkit embed`, `similarity` and `heads`: the embedded all-MiniLM-L6-v2 model (or `--model DIR`)."""
 
+import contextlib
 import json
 import os
 import sys
 import warnings
 
-from attnkit.cli.errors import CommandError
+from attnkit.cli._input import read_lines
+from attnkit.cli.errors import CommandError, positive_int
 
 PROGRESS_FROM = 256  # `embed` shows a progress bar from this many texts (when writing to a file)
 
@@ -24,30 +26,33 @@ def _refuse_overwrite(path, force):
 def _read_texts(args):
     if args.texts and args.input:
         raise CommandError("give texts as arguments or with --input, not both")
-    if args.input == "-":
-        return sys.stdin.read().splitlines()
     if args.input:
-        with open(args.input, encoding="utf-8") as f:
-            return f.read().splitlines()
+        return read_lines(args.input)  # one text per "\n"-separated line, blank lines included
     if not args.texts:
         raise CommandError("no texts: give them as arguments, or one per line with --input FILE (- for stdin)")
     return list(args.texts)
 
 
-def _encode(encoder, texts, **options):
-    """`encoder.encode`, with its truncation warning printed as one line."""
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """Prints the UserWarnings raised inside (the truncation warning) as `attnkit: warning:` lines, each once."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        embeddings = encoder.encode(texts, **options)
-    for warning in caught:
-        print(f"attnkit: warning: {warning.message}", file=sys.stderr)
-    return embeddings
+        yield
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)):
+        print(f"attnkit: warning: {message}", file=sys.stderr)
+
+
+def _encode(encoder, texts, **options):
+    """`encoder.encode`, with its truncation warning printed as one line."""
+    with _warnings_as_lines():
+        return encoder.encode(texts, **options)
 
 
 def _embed(args):
     import numpy as np
 
-    if args.output and not args.output.endswith((".npy", ".jsonl")):
+    if args.output and not args.output.lower().endswith((".npy", ".jsonl")):
         raise CommandError(f"--output must end in .npy or .jsonl. Received: {args.output}")
     if args.output:
         _refuse_overwrite(args.output, args.force)
@@ -55,10 +60,11 @@ def _embed(args):
     encoder = _load(args)
     progress = args.output is not None and len(texts) >= PROGRESS_FROM
     embeddings = _encode(encoder, texts, batch_size=args.batch_size, progress=progress)  # (N, d_model)
-    if args.output and args.output.endswith(".npy"):
-        np.save(args.output, embeddings)
+    if args.output and args.output.lower().endswith(".npy"):
+        with open(args.output, "wb") as f:  # np.save(path) would append ".npy" to "X.NPY"
+            np.save(f, embeddings)
     else:
-        lines = (json.dumps({"text": t, "embedding": e.tolist()}, ensure_ascii=False) for t, e in zip(texts, embeddings))
+        lines = (_json_line({"text": t, "embedding": e.tolist()}) for t, e in zip(texts, embeddings))
         if args.output:
             with open(args.output, "w", encoding="utf-8") as f:
                 f.writelines(line + "\n" for line in lines)
@@ -68,6 +74,14 @@ def _embed(args):
     if args.output:
         print(f"wrote {len(texts)} embeddings of size {encoder.d_model} to {args.output}", file=sys.stderr)
     return 0
+
+
+def _json_line(record):
+    r"""One JSON line, UTF-8 kept, but with the characters other line splitters (str.splitlines,
+    JavaScript) break on escaped: json.dumps escapes the control characters and leaves \x85,
+    \u2028 and \u2029 raw. They can only occur inside strings, where the escapes mean the same."""
+    line = json.dumps(record, ensure_ascii=False)
+    return line.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 def _similarity(args):
@@ -95,9 +109,13 @@ def _heads(args):
     _refuse_overwrite(args.output, args.force)
     encoder = _load(args)
     if not -encoder.n <= args.layer < encoder.n:
-        raise CommandError(f"--layer must be in [0, {encoder.n - 1}] for this {encoder.n}-layer model. Received: {args.layer}")
-    tokens = encoder.tokens(args.sentence)
-    weights = encoder.attentions(args.sentence)[args.layer]  # (h, T, T)
+        raise CommandError(
+            f"--layer must be in [{-encoder.n}, {encoder.n - 1}] (0 = first, -1 = last) for this {encoder.n}-layer "
+            f"model. Received: {args.layer}"
+        )
+    with _warnings_as_lines():  # tokens and attentions both truncate: one warning line
+        tokens = encoder.tokens(args.sentence)
+        weights = encoder.attentions(args.sentence)[args.layer]  # (h, T, T)
     layer = args.layer % encoder.n
     plot_attention(weights, tokens, tokens, title=f"layer {layer}: attention of each head (rows attend to columns)",
                    path=args.output)
@@ -117,7 +135,7 @@ def add_commands(commands):
     embed.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
     embed.add_argument("--output", metavar="PATH", help="X.npy (N, d_model) or X.jsonl; default JSON lines on stdout")
     embed.add_argument("--force", action="store_true", help="overwrite an existing output file")
-    embed.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
+    embed.add_argument("--batch-size", type=positive_int, default=64, help="texts per forward pass (default 64)")
     _add_model_option(embed)
     embed.set_defaults(run=_embed)
 
