@@ -56,7 +56,7 @@ def test_greedy_step_logits_are_the_model_logits_of_the_prefix(rng):
     model, src = make_model(), source_ids(rng)
     shift_output_bias(model, {PAD: -30.0, END: -30.0})  # no padding or end token: every step is comparable
     decoded = greedy_decode(model, src)
-    assert decoded.ids.shape == (B, T - 1)
+    assert decoded.ids.shape == (B, T)
     prefix = np.concatenate([np.full((B, 1), START), decoded.ids[:, :-1]], axis=1)
     logits = to_numpy(model((src, prefix)))
     np.testing.assert_allclose(decoded.step_logits, logits, atol=1e-5)
@@ -116,8 +116,13 @@ def test_decoding_stops_when_every_sequence_has_ended(rng):
 @pytest.mark.parametrize(
     "decode,kwargs,message",
     [
-        (greedy_decode, dict(max_length=T), r"`max_length` must be at most dec_seq_length - 1 = 4. Received: max_length=5"),
-        (beam_search, dict(max_length=T), r"`max_length` must be at most dec_seq_length - 1 = 4. Received: max_length=5"),
+        (greedy_decode, dict(max_length=T + 1), r"`max_length` must be at most dec_seq_length = 5. Received: max_length=6"),
+        (beam_search, dict(max_length=T + 1), r"`max_length` must be at most dec_seq_length = 5. Received: max_length=6"),
+        (greedy_decode, dict(start_id=PAD), r"`start_id` must differ from the model's pad_id \(0\)"),
+        (beam_search, dict(start_id=PAD), r"`start_id` must differ from the model's pad_id \(0\)"),
+        (greedy_decode, dict(start_id=None), r"`start_id` must be an integer token id. Received: start_id=None"),
+        (greedy_decode, dict(end_id=1.5), r"`end_id` must be an integer token id. Received: end_id=1.5"),
+        (beam_search, dict(length_penalty="a"), r"`length_penalty` must be a number >= 0. Received: length_penalty='a'"),
         (greedy_decode, dict(max_length=0), r"`max_length` must be a positive integer. Received: max_length=0"),
         (greedy_decode, dict(start_id=TGT_VOCAB), r"`start_id` must be a token id in \[0, 13\). Received: start_id=13"),
         (beam_search, dict(start_id=-1), r"`start_id` must be a token id in \[0, 13\). Received: start_id=-1"),
@@ -132,8 +137,31 @@ def test_bad_arguments_raise(rng, decode, kwargs, message):
         decode(model, source_ids(rng), **kwargs)
 
 
+def test_bad_model_or_source_raise(rng):
+    with pytest.raises(TypeError, match="`model` must be an attnkit Transformer. Received: model of type str"):
+        greedy_decode("model", source_ids(rng))
+    with pytest.raises(ValueError, match=r"`encoder_input` must be \(B, S\) integer token ids. Received: shape \(6,\)"):
+        greedy_decode(make_model(), source_ids(rng)[0])
+
+
+@pytest.mark.parametrize("tie_weights", [False, True])
+def test_decoding_builds_an_unbuilt_model(rng, tie_weights):
+    """Decoding a model that was never called builds all of it: it can be called afterwards, and agrees."""
+    model = Transformer(SRC_VOCAB, TGT_VOCAB, S, T, H, D // H, D // H, D, D_FF, N, 0.0, tie_weights=tie_weights)
+    src = source_ids(rng)
+    decoded = greedy_decode(model, src)
+    assert model.built
+    prefix = np.concatenate([np.full((B, 1), START), decoded.ids[:, :-1]], axis=1)
+    logits = to_numpy(model((src, prefix)))
+    ended = np.cumsum(decoded.ids == END, axis=1) - (decoded.ids == END) > 0  # steps after an end token
+    np.testing.assert_allclose(logits[~ended], decoded.step_logits[~ended], atol=1e-5)
+
+
 def test_max_length_limits_the_output(rng):
     model, src = make_model(), source_ids(rng)
     shift_output_bias(model, {END: -30.0})
     assert greedy_decode(model, src, max_length=3).ids.shape == (B, 3)
     assert beam_search(model, src, beam_size=2, max_length=2).ids.shape == (B, 2)
+    # dec_seq_length tokens at most, the default: the last one needs no position of its own
+    assert greedy_decode(model, src).ids.shape == (B, T)
+    assert beam_search(model, src, beam_size=2).ids.shape == (B, T)

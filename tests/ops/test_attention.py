@@ -324,3 +324,17 @@ def test_float64_inputs_are_computed_in_float64(rng, tiled, monkeypatch, default
         for out in outputs:
             assert keras.backend.standardize_dtype(out.dtype) == "float64"
             np.testing.assert_allclose(to_numpy(out), want, rtol=0, atol=1e-13)
+
+
+def test_one_key_gets_weight_one_without_a_warning(rng):
+    """A single key (the first step of uncached decoding) has weight 1, or 0 where masked, and Keras's
+    warning about a softmax over an axis of size 1 does not fire."""
+    import warnings
+
+    q, k, v = qkv(rng, (B, H), T_Q, 1)
+    keep = np.array([True, False])[:, None, None, None]  # the second example's only key is hidden
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, weights = scaled_dot_product_attention(q, k, v, keep)
+    np.testing.assert_array_equal(to_numpy(weights)[:, :, :, 0], np.broadcast_to([[[1.0]], [[0.0]]], (B, H, T_Q)))
+    np.testing.assert_allclose(to_numpy(out), reference.attention(q, k, v, keep=keep)[0], rtol=0, atol=1e-6)

@@ -8,12 +8,14 @@ prefix. Both give the same results (tested); the cache makes a step O(t) instead
 Legend: B batch, K beam size, S source length, t decoded positions so far, V vocabulary size.
 """
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 from keras import ops
 
-from attnkit._validation import positive_int
+from attnkit._validation import ArgumentTypeError, positive_int
+from attnkit.models.transformer import Transformer
 
 
 @dataclass
@@ -46,16 +48,31 @@ def _log_softmax(logits):
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def _check(model, max_length, start_id, end_id):
-    limit = model.decoder.sequence_length - 1  # the start token takes position 0
+def _check(model, source, max_length, start_id, end_id):
+    """Validates the arguments, builds an unbuilt `model` for `source` (B, S); returns max_length."""
+    if not isinstance(model, Transformer):
+        raise ArgumentTypeError(f"`model` must be an attnkit Transformer. Received: model of type {type(model).__name__}")
+    limit = model.decoder.sequence_length  # positions 0..limit-1 hold the start token and all but the last
     max_length = limit if max_length is None else positive_int("max_length", max_length)
     if max_length > limit:
-        raise ValueError(
-            f"`max_length` must be at most dec_seq_length - 1 = {limit}. Received: max_length={max_length}"
-        )
+        raise ValueError(f"`max_length` must be at most dec_seq_length = {limit}. Received: max_length={max_length}")
     for name, value in (("start_id", start_id), ("end_id", end_id)):
-        if not 0 <= int(value) < model.decoder.vocab_size:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ArgumentTypeError(f"`{name}` must be an integer token id. Received: {name}={value!r}")
+        if not 0 <= value < model.decoder.vocab_size:
             raise ValueError(f"`{name}` must be a token id in [0, {model.decoder.vocab_size}). Received: {name}={value}")
+    if start_id == model.pad_id:
+        # Teacher forcing hides target tokens equal to pad_id, the start token too; decoding hides none.
+        raise ValueError(
+            f"`start_id` must differ from the model's pad_id ({model.pad_id}): the decoder hides padding "
+            f"tokens in training, so the model never saw its start token. Received: start_id={start_id}"
+        )
+    if len(source.shape) != 2 or not np.issubdtype(source.dtype, np.integer):
+        raise ValueError(
+            f"`encoder_input` must be (B, S) integer token ids. Received: shape {source.shape}, dtype {source.dtype}"
+        )
+    if not model.built:
+        model.build(source.shape, (source.shape[0], 1))
     return max_length
 
 
@@ -110,8 +127,8 @@ def greedy_decode(model, encoder_input, *, max_length=None, start_id=1, end_id=2
     Args:
         model: a `Transformer`.
         encoder_input: (B, S) source ids.
-        max_length: the most tokens to generate; default dec_seq_length - 1.
-        start_id, end_id: the target start and end tokens.
+        max_length: the most tokens to generate, at most (and by default) dec_seq_length.
+        start_id, end_id: the target start and end tokens; start_id must differ from the model's pad_id.
         use_cache: keep the key/value cache (default) or rerun the decoder on the whole prefix.
         return_attention_weights: also collect the cross-attention weights of every layer.
 
@@ -119,8 +136,8 @@ def greedy_decode(model, encoder_input, *, max_length=None, start_id=1, end_id=2
         `Decoded` with ids (B, T_out), scores (B,), step_logits (B, T_out, V) and, when asked,
         cross_attention: n arrays (B, h, T_out, S).
     """
-    max_length = _check(model, max_length, start_id, end_id)
     source = _numpy(ops.convert_to_tensor(encoder_input))
+    max_length = _check(model, source, max_length, start_id, end_id)
     B, pad_id = source.shape[0], model.pad_id or 0
     stepper = _Stepper(model, source, use_cache, with_weights=return_attention_weights)
     prefix = np.full((B, 1), start_id, dtype=np.int32)
@@ -160,11 +177,13 @@ def beam_search(model, encoder_input, *, beam_size=4, max_length=None, start_id=
     Returns:
         `Decoded` with ids (B, T_out) and scores (B,) (the total log-probability of the chosen beam).
     """
-    max_length = _check(model, max_length, start_id, end_id)
+    source = _numpy(ops.convert_to_tensor(encoder_input))
+    max_length = _check(model, source, max_length, start_id, end_id)
     K = positive_int("beam_size", beam_size)
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real):
+        raise ArgumentTypeError(f"`length_penalty` must be a number >= 0. Received: length_penalty={length_penalty!r}")
     if not float(length_penalty) >= 0:
         raise ValueError(f"`length_penalty` must be >= 0. Received: length_penalty={length_penalty}")
-    source = _numpy(ops.convert_to_tensor(encoder_input))
     B, pad_id = source.shape[0], model.pad_id or 0
     stepper = _Stepper(model, source, use_cache, repeat=K)
     prefix = np.full((B * K, 1), start_id, dtype=np.int32)

@@ -190,7 +190,10 @@ def masked_softmax(scores, keep=None):
     scores = ops.cast(scores, softmax_dtype)
     if keep is not None:
         scores = ops.where(keep, scores, constant(np.finfo(softmax_dtype).min, softmax_dtype))
-    weights = ops.softmax(scores, axis=-1)
+    if scores.shape[-1] == 1:
+        weights = ops.ones_like(scores)  # one key: weight 1, without Keras's warning about such softmaxes
+    else:
+        weights = ops.softmax(scores, axis=-1)
     if keep is not None:
         # Exact zeros where masked; a row with no key left is all zeros instead of uniform.
         weights = ops.where(keep, weights, ops.zeros((), softmax_dtype))
