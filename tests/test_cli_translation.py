@@ -2,6 +2,7 @@
 
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -101,3 +102,69 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("attnkit: error: model directory")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--examples", "0"], "attnkit: error: argument --examples: must be a positive integer, not '0'"),
+        (["demo", "--examples", "-1"], "attnkit: error: argument --examples: must be a positive integer, not '-1'"),
+        (["train", "--output-dir", ""], "attnkit: error: --output-dir must not be empty"),
+        (["train", "--seed", "-1", "--output-dir", "x"], "attnkit: error: argument --seed: must be a non-negative integer, not '-1'"),
+    ],
+)
+def test_options_are_checked_before_training(argv, message, tmp_path, monkeypatch, capsys):
+    import attnkit.translation
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(attnkit.translation, "train_dates", lambda *a, **k: pytest.fail("trained before checking"))
+    assert cli.main([*argv, *TINY]) == 2
+    assert one_line_error(capsys) == message
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_output_dir_that_cannot_be_created_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    import attnkit.translation
+
+    monkeypatch.setattr(attnkit.translation, "train_dates", lambda *a, **k: pytest.fail("trained before checking"))
+    (tmp_path / "file").write_text("")
+    target = tmp_path / "file" / "model"
+    assert cli.main(["train", *TINY, "--output-dir", str(target)]) == 2
+    assert one_line_error(capsys) == f"attnkit: error: --output-dir {target} cannot be created: {tmp_path / 'file'} is not a directory"
+
+
+def damaged_copy(model_dir, tmp_path, name, content):
+    import shutil
+
+    copy = tmp_path / "damaged"
+    shutil.copytree(model_dir, copy)
+    (copy / name).write_bytes(content(copy / name) if callable(content) else content)
+    return copy
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("translator.json", b"{}", "missing alphabet and source_length; it should be the file `attnkit train` writes"),
+        ("translator.json", b"", "not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+        ("translator.json", b'{"alphabet": "abc", "source_length": "32"}',
+         "`source_length` must be a positive integer. Received: source_length='32'"),
+        ("translator.json", b"[1]", "expected a JSON object with alphabet and source_length. Received: list"),
+        ("model.keras", b"not a zip", "not a Keras model archive (truncated or corrupt?)"),
+        ("model.keras", lambda path: path.read_bytes()[: path.stat().st_size // 2],
+         "not a Keras model archive (truncated or corrupt?)"),
+    ],
+)
+def test_a_damaged_model_directory_names_the_file_and_the_problem(model_dir, tmp_path, capsys, name, content, message):
+    damaged = damaged_copy(model_dir, tmp_path, name, content)
+    assert cli.main(["translate", "--model", str(damaged), "3/3/21"]) == 1
+    assert one_line_error(capsys) == f"attnkit: error: {damaged / name}: {message}"
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{damaged / name}: {message}')}$"):
+        DateTranslator.load(damaged)
+
+
+def test_unknown_characters_are_translated_as_the_unknown_token(model_dir):
+    translator = DateTranslator.load(model_dir)
+    source = translator.encode_sources(["3/3/21 ✓"])
+    assert source[0, 7] == translator.tokenizer.UNKNOWN  # "✓", the 8th character
+    assert len(translator.translate(["3/3/21 ✓"])) == 1  # documented: a guess, not an error

@@ -51,7 +51,11 @@ class DateTranslator:
         self.model, self.tokenizer, self.source_length = model, tokenizer, source_length
 
     def encode_sources(self, texts):
-        """Texts -> (N, S) source ids; a text too long or with unknown characters raises ValueError."""
+        """Texts -> (N, S) source ids; a text longer than `source_length` raises ValueError.
+
+        Characters outside the tokenizer's alphabet become the unknown token (id 3), which the model saw
+        in no training example: the output for such a text is a guess, not an error.
+        """
         for text in texts:
             if len(text) > self.source_length:
                 raise ValueError(
@@ -95,15 +99,54 @@ class DateTranslator:
 
     @classmethod
     def load(cls, directory):
-        """Reads a directory written by `save`; missing files raise FileNotFoundError naming them."""
+        """Reads a directory written by `save`.
+
+        Raises:
+            FileNotFoundError: a missing model.keras or translator.json, naming it.
+            ValueError: a translator.json that is not valid JSON or lacks its keys, or a model.keras
+                that Keras cannot read (truncated or corrupt), naming the file and the problem.
+        """
         for name in (MODEL_FILE, META_FILE):
             path = os.path.join(directory, name)
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"No {name} in model directory {directory!r}: was it written by `attnkit train`?")
-        with open(os.path.join(directory, META_FILE)) as f:
+        alphabet, source_length = _read_meta(os.path.join(directory, META_FILE))
+        model = _load_model(os.path.join(directory, MODEL_FILE))
+        return cls(model, dates.CharTokenizer(alphabet), source_length)
+
+
+def _read_meta(path):
+    """translator.json's (alphabet, source_length), checked."""
+    try:
+        with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-        model = keras.saving.load_model(os.path.join(directory, MODEL_FILE))
-        return cls(model, dates.CharTokenizer(meta["alphabet"]), int(meta["source_length"]))
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: expected a JSON object with alphabet and source_length. Received: {type(meta).__name__}")
+    missing = [key for key in ("alphabet", "source_length") if key not in meta]
+    if missing:
+        raise ValueError(f"{path}: missing {' and '.join(missing)}; it should be the file `attnkit train` writes")
+    alphabet, source_length = meta["alphabet"], meta["source_length"]
+    if not isinstance(alphabet, str) or not alphabet:
+        raise ValueError(f"{path}: `alphabet` must be a non-empty string. Received: alphabet={alphabet!r}")
+    if isinstance(source_length, bool) or not isinstance(source_length, int) or source_length <= 0:
+        raise ValueError(f"{path}: `source_length` must be a positive integer. Received: source_length={source_length!r}")
+    return alphabet, source_length
+
+
+def _load_model(path):
+    """`keras.saving.load_model`, with a damaged file named as such (Keras says "File not found" for
+    a file that is not a zip archive)."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: not a Keras model archive (truncated or corrupt?)")
+    try:
+        return keras.saving.load_model(path)
+    except (ValueError, TypeError, OSError, KeyError, zipfile.BadZipFile, EOFError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: Keras cannot load the model (truncated or corrupt?): {first}") from None
 
 
 def make_arrays(pairs, tokenizer, source_length):

@@ -11,7 +11,8 @@ import os
 import sys
 import time
 
-from attnkit.cli.errors import CommandError, positive_int
+from attnkit.cli._input import read_lines
+from attnkit.cli.errors import CommandError, non_negative_int, positive_int
 
 PLOT_FILE = "cross_attention.png"
 
@@ -20,7 +21,7 @@ def add_commands(commands):
     """Adds demo, train and translate to the `commands` subparsers of `attnkit.cli`."""
     demo = commands.add_parser("demo", help="train a small Transformer on dates, evaluate it, draw its attention")
     _training_options(demo, default_dir="runs/demo")
-    demo.add_argument("--examples", type=int, default=6, help="held-out inputs to translate (default 6)")
+    demo.add_argument("--examples", type=positive_int, default=6, help="held-out inputs to translate (default 6)")
     demo.set_defaults(run=_demo)
 
     train = commands.add_parser("train", help="train a Transformer on the date task and save it")
@@ -46,7 +47,7 @@ def _training_options(parser, default_dir):
     parser.add_argument("--heads", type=positive_int, default=d.h, help=f"default {d.h}")
     parser.add_argument("--layers", type=positive_int, default=d.n, help=f"encoder and decoder layers (default {d.n})")
     parser.add_argument("--d-ff", type=positive_int, default=d.d_ff, help=f"default {d.d_ff}")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"data and initialisation seed (default {d.seed})")
+    parser.add_argument("--seed", type=non_negative_int, default=d.seed, help=f"data and initialisation seed (default {d.seed})")
     parser.add_argument(
         "--output-dir", metavar="DIR", default=default_dir, required=default_dir is None,
         help="where the model (and the demo's picture) go" + (f" (default {default_dir})" if default_dir else ""),
@@ -71,10 +72,20 @@ def _config(args):
 
 
 def _check_output_dir(directory, force, names):
+    """Refuses, before any training, an output directory that could not be written or would overwrite files."""
     from attnkit.translation import META_FILE, MODEL_FILE
 
+    if not directory:
+        raise CommandError("--output-dir must not be empty")
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise CommandError(f"--output-dir {directory} exists and is not a directory")
+    existing = os.path.abspath(directory)  # the directory, or the nearest ancestor that exists
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise CommandError(f"--output-dir {directory} cannot be created: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CommandError(f"--output-dir {directory} cannot be written: no permission to write in {existing}")
     for name in (MODEL_FILE, META_FILE, *names):
         path = os.path.join(directory, name)
         if os.path.exists(path) and not force:
@@ -138,16 +149,7 @@ def _translate(args):
 
     if args.texts and args.input:
         raise CommandError("give texts as arguments or with --input, not both")
-    if args.input == "-":
-        texts = [line.rstrip("\n") for line in sys.stdin]
-    elif args.input:
-        try:
-            with open(args.input, encoding="utf-8") as f:
-                texts = [line.rstrip("\n") for line in f]
-        except (OSError, UnicodeDecodeError) as e:
-            raise CommandError(f"cannot read --input {args.input}: {getattr(e, 'strerror', None) or e}") from None
-    else:
-        texts = args.texts
+    texts = read_lines(args.input) if args.input else args.texts
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise CommandError("nothing to translate: give texts as arguments or with --input")
