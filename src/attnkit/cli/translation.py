@@ -8,7 +8,6 @@ User errors raise `CommandError`, printed as one line.
 """
 
 import os
-import sys
 import time
 
 from attnkit.cli._input import read_lines
