@@ -13,6 +13,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
+from attnkit.layers._shapes import check_model_width
 from attnkit.layers._sublayer import call_layer_norm
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_layer import DecoderLayer
@@ -91,6 +92,7 @@ class Decoder(keras.layers.Layer):
         self.pos_encoding.build(output_target_shape)
         x_shape = tuple(output_target_shape) + (self.d_model,)  # (B, T, d_model)
         encoder_output_shape = tuple(encoder_output_shape) if encoder_output_shape else x_shape
+        check_model_width("encoder_output", encoder_output_shape, self.d_model)
         for layer in self.decoder_layers:
             layer.build(x_shape, encoder_output_shape)
         if self.final_norm is not None:

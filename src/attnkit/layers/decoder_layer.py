@@ -16,6 +16,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
+from attnkit.layers._shapes import check_model_width
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.encoder_layer import key_padding
@@ -71,6 +72,7 @@ class DecoderLayer(keras.layers.Layer):
         self._allow_non_tensor_positional_args = True  # the seeds pass `training` positionally
         policy = self.dtype_policy
         self.self_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="self_attention", dtype=policy)
+        self.self_attention._keys_keras_mask_with_mask = False  # `lookahead_mask` overrides the padding
         self.cross_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="cross_attention", dtype=policy)
         self.feed_forward = FeedForward(d_ff, d_model, activation=activation, name="feed_forward", dtype=policy)
         self.dropouts = [keras.layers.Dropout(self.rate, name=f"dropout{i}", dtype=policy) for i in (1, 2, 3)]
@@ -84,6 +86,8 @@ class DecoderLayer(keras.layers.Layer):
     def build(self, x_shape, encoder_output_shape=None, *args, **kwargs):
         x_shape = tuple(x_shape)
         encoder_output_shape = tuple(encoder_output_shape or x_shape)
+        check_model_width("x", x_shape, self.d_model)
+        check_model_width("encoder_output", encoder_output_shape, self.d_model)
         self.self_attention.build(x_shape)
         self.cross_attention.build(x_shape, encoder_output_shape, encoder_output_shape)
         self.feed_forward.build(x_shape)
@@ -188,12 +192,8 @@ class DecoderLayer(keras.layers.Layer):
         return x, weights[0], weights[1]
 
     def _check(self, x, encoder_output):
-        for name, t in (("x", x), ("encoder_output", encoder_output)):
-            if len(t.shape) != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(
-                    f"`{name}` must have shape (batch, length, d_model={self.d_model}). "
-                    f"Received: {name}.shape={_shape_str(t.shape)}"
-                )
+        check_model_width("x", x.shape, self.d_model)
+        check_model_width("encoder_output", encoder_output.shape, self.d_model)
         if None not in (x.shape[0], encoder_output.shape[0]) and x.shape[0] != encoder_output.shape[0]:
             raise ValueError(
                 "`x` and `encoder_output` must have the same batch size. Received shapes: "

@@ -15,6 +15,7 @@ from keras import ops
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._shapes import check_model_width
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.feed_forward import FeedForward, check_activation
@@ -105,6 +106,7 @@ class EncoderLayer(keras.layers.Layer):
         self.supports_masking = True
         policy = self.dtype_policy
         self.multihead_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="multihead_attention", dtype=policy)
+        self.multihead_attention._keys_keras_mask_with_mask = False  # `key_padding` decides
         self.dropout1 = keras.layers.Dropout(self.rate, name="dropout1", dtype=policy)
         self.feed_forward = FeedForward(d_ff, d_model, activation=activation, name="feed_forward", dtype=policy)
         self.dropout2 = keras.layers.Dropout(self.rate, name="dropout2", dtype=policy)
@@ -118,6 +120,7 @@ class EncoderLayer(keras.layers.Layer):
 
     def build(self, x_shape, padding_mask_shape=None):
         x_shape = tuple(x_shape)
+        check_model_width("x", x_shape, self.d_model)
         self.multihead_attention.build(x_shape)
         self.feed_forward.build(x_shape)
         for norm in (self.norm1, self.norm2) if self.norm_first else (self.add_norm1, self.add_norm2):
@@ -130,10 +133,7 @@ class EncoderLayer(keras.layers.Layer):
         return super().__call__(*args, **kwargs)
 
     def call(self, x, padding_mask=None, training=None, *, return_attention_weights=False):
-        if len(x.shape) != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"`x` must have shape (batch, length, d_model={self.d_model}). Received: x.shape={_shape_str(x.shape)}"
-            )
+        check_model_width("x", x.shape, self.d_model)
         mask = key_padding(x, padding_mask)  # (B, 1, T) or None
         # The sub-layers are called without Keras's per-call bookkeeping (see `call_sublayer`).
         if self.norm_first:

@@ -8,6 +8,7 @@ Legend: B batch, T sequence length, d_model model width, d_ff inner width.
 import keras
 
 from attnkit._validation import positive_int
+from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
 
@@ -66,6 +67,7 @@ class FeedForward(keras.layers.Layer):
         self.fully_connected2.build(tuple(x_shape[:-1]) + (self.d_ff,))
 
     def call(self, x):
+        check_built_width("x", x.shape, self.fully_connected1)
         hidden = call_sublayer(self.fully_connected1, x)  # (B, T, d_ff), after the activation
         return call_sublayer(self.fully_connected2, hidden)  # (B, T, d_model)
 

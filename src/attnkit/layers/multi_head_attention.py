@@ -11,6 +11,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_int, rate
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
 from attnkit.ops import _fused
@@ -86,6 +87,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.W_k = Linear(self.h * self.d_k, name="W_k", **dense)
         self.W_v = Linear(self.h * self.d_v, name="W_v", **dense)
         self.W_o = Linear(self.d_model, name="W_o", **dense)
+        # Whether the keys' Keras mask joins an explicit `mask` when Keras did not fill `keys_mask`.
+        # The encoder and decoder layers turn it off: their masks already say which keys to hide.
+        self._keys_keras_mask_with_mask = True
 
     def build(self, queries_shape, keys_shape=None, values_shape=None):
         keys_shape = keys_shape or queries_shape
@@ -106,7 +110,7 @@ class MultiHeadAttention(keras.layers.Layer):
         values = keys if values is None else values
         self._check_inputs(queries, keys, values)
         key_padding = keys_mask if keys_mask is not None else values_mask
-        if key_padding is None:
+        if key_padding is None and self._keys_keras_mask_with_mask:
             # An explicit `mask` keeps Keras from filling the masks; the keys' padding still holds.
             key_padding = keras_mask_of(keys)
             key_padding = keras_mask_of(values) if key_padding is None else key_padding
@@ -228,6 +232,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 "`keys` and `values` must have the same length T_k. Received shapes: "
                 f"keys={_shape_str(keys.shape)}, values={_shape_str(values.shape)}"
             )
+        for name, projection in (("queries", self.W_q), ("keys", self.W_k), ("values", self.W_v)):
+            check_built_width(name, shapes[name], projection)
 
     def compute_mask(self, inputs, previous_mask=None):
         return keras_mask_of(inputs)  # the output is per query: it keeps the queries' padding

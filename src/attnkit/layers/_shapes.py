@@ -1,0 +1,31 @@
+"""Input widths: the (batch, length, d_model) check that the layers of the model width run in `build` and
+`call`, and the check of an input against the width a built projection takes.
+
+In `build` too: Keras builds a layer before its `call` checks the inputs, and a layer built for the
+wrong width would keep that width, and fail every correct call after, deep in a matmul.
+"""
+
+from attnkit.ops.masks import _shape_str
+
+
+def check_model_width(name, shape, d_model):
+    """Raises a ValueError unless `shape` is (batch, length, d_model)."""
+    shape = tuple(shape)
+    if len(shape) != 3 or shape[-1] != d_model:
+        raise ValueError(
+            f"`{name}` must have shape (batch, length, d_model={d_model}). Received: {name}.shape={_shape_str(shape)}"
+        )
+
+
+def check_built_width(name, shape, projection):
+    """Raises a ValueError when `projection` (a built Dense) takes another width than `shape`'s last.
+
+    The composite layers call their projections without Keras's `__call__` (docs/decisions.md item 9),
+    which would have checked the Dense's input spec."""
+    spec = projection.input_spec if projection.built else None
+    width = None if spec is None or not spec.axes else spec.axes.get(-1)
+    if width is not None and shape[-1] is not None and shape[-1] != width:
+        raise ValueError(
+            f"`{name}` must have {width} features, the width this layer was built for. "
+            f"Received: {name}.shape={_shape_str(shape)}"
+        )
