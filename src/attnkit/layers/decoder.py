@@ -187,6 +187,18 @@ class Decoder(keras.layers.Layer):
     def compute_output_shape(self, output_target_shape, *args, **kwargs):
         return tuple(output_target_shape) + (self.d_model,)
 
+    def compute_output_spec(self, output_target, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *, return_attention_weights=False, **kwargs):
+        # Symbolic calls (functional models) must see the weights too when they are asked for.
+        output = keras.KerasTensor(self.compute_output_shape(output_target.shape), dtype=self.compute_dtype)
+        if not return_attention_weights:
+            return output
+        B, T, S = output_target.shape[0], output_target.shape[1], encoder_output.shape[1]
+        return (
+            output,
+            [keras.KerasTensor((B, self.h, T, T), dtype=self.compute_dtype) for _ in range(self.n)],
+            [keras.KerasTensor((B, self.h, T, S), dtype=self.compute_dtype) for _ in range(self.n)],
+        )
+
     def get_config(self):
         return {
             **super().get_config(),

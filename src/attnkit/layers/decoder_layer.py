@@ -203,6 +203,18 @@ class DecoderLayer(keras.layers.Layer):
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return tuple(x_shape)
 
+    def compute_output_spec(self, x, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *, return_attention_weights=False, **kwargs):
+        # Symbolic calls (functional models) must see the weights too when they are asked for.
+        output = keras.KerasTensor(self.compute_output_shape(x.shape), dtype=self.compute_dtype)
+        if not return_attention_weights:
+            return output
+        B, T, S = x.shape[0], x.shape[1], encoder_output.shape[1]
+        return (
+            output,
+            keras.KerasTensor((B, self.h, T, T), dtype=self.compute_dtype),  # self-attention (B, h, T, T)
+            keras.KerasTensor((B, self.h, T, S), dtype=self.compute_dtype),  # cross-attention (B, h, T, S)
+        )
+
     def get_config(self):
         return {
             **super().get_config(),

@@ -167,6 +167,14 @@ class Encoder(keras.layers.Layer):
     def compute_output_shape(self, input_sentence_shape, padding_mask_shape=None):
         return tuple(input_sentence_shape) + (self.d_model,)
 
+    def compute_output_spec(self, input_sentence, padding_mask=None, training=None, *, return_attention_weights=False, **kwargs):
+        # Symbolic calls (functional models) must see the weights too when they are asked for.
+        output = keras.KerasTensor(self.compute_output_shape(input_sentence.shape), dtype=self.compute_dtype)
+        if not return_attention_weights:
+            return output
+        B, T = input_sentence.shape[0], input_sentence.shape[1]
+        return output, [keras.KerasTensor((B, self.h, T, T), dtype=self.compute_dtype) for _ in range(self.n)]
+
     def get_config(self):
         return {
             **super().get_config(),

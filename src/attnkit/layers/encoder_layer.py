@@ -160,6 +160,14 @@ class EncoderLayer(keras.layers.Layer):
     def compute_output_shape(self, x_shape, padding_mask_shape=None):
         return tuple(x_shape)
 
+    def compute_output_spec(self, x, padding_mask=None, training=None, *, return_attention_weights=False, **kwargs):
+        # Symbolic calls (functional models) must see the weights too when they are asked for.
+        output = keras.KerasTensor(self.compute_output_shape(x.shape), dtype=self.compute_dtype)
+        if not return_attention_weights:
+            return output
+        B, T = x.shape[0], x.shape[1]
+        return output, keras.KerasTensor((B, self.h, T, T), dtype=self.compute_dtype)  # (B, h, T, T)
+
     def get_config(self):
         return {
             **super().get_config(),
