@@ -128,3 +128,13 @@ def test_mixed_bfloat16_gives_finite_float32_logits(rng):
         assert tuple(out.shape) == (B, T, TGT_VOCAB)
         assert np.all(np.isfinite(to_numpy(out)))
     assert keras.backend.standardize_dtype(model.decoder.decoder_layers[0].compute_dtype) == "bfloat16"
+
+
+def test_one_tensor_instead_of_the_pair_raises(rng):
+    model = make_model()
+    message = r"A Transformer takes \(encoder_input, decoder_input\).*Received: one argument of shape \(3, 6\)"
+    with pytest.raises(ValueError, match=message):
+        model(source_ids(rng))  # unbuilt: the check runs in build
+    model((source_ids(rng), target_ids(rng)))
+    with pytest.raises(ValueError, match=message):
+        model(source_ids(rng))  # built: in call

@@ -66,7 +66,7 @@ class Transformer(keras.Model):
 
     def build(self, encoder_input_shape, decoder_input_shape=None):
         if decoder_input_shape is None:  # fit passes the pair of shapes as one argument
-            encoder_input_shape, decoder_input_shape = encoder_input_shape
+            encoder_input_shape, decoder_input_shape = _pair(encoder_input_shape)
         self.encoder.build(encoder_input_shape)
         enc_out = tuple(encoder_input_shape) + (self.decoder.d_model,)
         self.decoder.build(decoder_input_shape, enc_out)
@@ -80,7 +80,7 @@ class Transformer(keras.Model):
 
     def call(self, encoder_input, decoder_input=None, training=None):
         if decoder_input is None:
-            encoder_input, decoder_input = encoder_input
+            encoder_input, decoder_input = _pair(encoder_input)
         encoder_output, source_mask = self.encode(encoder_input, training=training)
         y = self.decoder(decoder_input, encoder_output, None, source_mask, training=training)  # (B, T, d_model)
         return self.logits(y)
@@ -112,3 +112,18 @@ class Transformer(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+
+def _pair(value):
+    """(encoder input, decoder input) from the one argument Keras's fit passes, or a clear error."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and not all(isinstance(v, (int, type(None))) for v in value):
+        return value
+    raise ValueError(
+        "A Transformer takes (encoder_input, decoder_input): two (B, S) and (B, T) id tensors, as two "
+        f"arguments or one pair. Received: one argument of {_describe(value)}"
+    )
+
+
+def _describe(value):
+    shape = getattr(value, "shape", value if isinstance(value, (tuple, list)) else None)  # build gets shapes
+    return f"shape {tuple(shape)}" if shape is not None else repr(value)
