@@ -39,24 +39,33 @@ def main(argv=None):
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)
-    except CommandError as e:
-        print(f"attnkit: error: {one_line(e)}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        _silence_stdout()
-        return 141
-    except ImportError as e:
-        print(f"attnkit: error: {one_line(e)}; install the extras: pip install 'attnkit[pretrained,viz]'", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, OSError) as e:
-        print(f"attnkit: error: {one_line(e)}", file=sys.stderr)
-        return 1
-    except Exception as e:  # noqa: BLE001 - the one-line rule holds for every failure, named by its type
-        print(f"attnkit: error: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)
         return 130
+    except Exception as raised:  # noqa: BLE001 - the one-line rule holds for every failure
+        e = _original(raised)
+        if isinstance(e, BrokenPipeError):
+            _silence_stdout()
+            return 141
+        if isinstance(e, CommandError):
+            print(f"attnkit: error: {one_line(e)}", file=sys.stderr)
+            return 2
+        if isinstance(e, ImportError):
+            message = f"{one_line(e)}; install the extras: pip install 'attnkit[pretrained,viz]'"
+        elif isinstance(e, (ValueError, TypeError, OSError)):
+            message = one_line(e)
+        else:  # MemoryError, KeyError, ...: the type says what the message may not
+            message = f"{type(e).__name__}: {one_line(e)}"
+        print(f"attnkit: error: {message}", file=sys.stderr)
+        return 1
+
+
+def _original(error):
+    """The error a tf.function raised, rather than tensorflow's StagingError ("in user code:" and
+    a traceback), which keeps the original as its context."""
+    while str(error).startswith("in user code:") and (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    return error
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
