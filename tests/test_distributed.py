@@ -125,5 +125,17 @@ def test_each_process_feeds_its_share():
     assert plan.local_batch_size(16) == 8
     (ids,) = plan.local_examples(np.arange(10))
     np.testing.assert_array_equal(ids, [1, 3, 5, 7])
-    with pytest.raises(ValueError, match="needs at least 4 examples. Received: 3"):
+    with pytest.raises(ValueError, match="needs at least 4 examples in `examples`. Received: examples=3"):
         plan.local_examples(np.arange(3))
+    with pytest.raises(ValueError, match="needs at least 4 examples in `n_validation`. Received: n_validation=3"):
+        plan.local_examples(np.arange(3), name="n_validation")
+
+
+def test_jax_plan_does_not_shard_the_slices_again():
+    """Each host feeds its own slice: Keras's auto-sharding, which refuses arrays on several hosts,
+    stays off (a two-process run failed at its first `fit` with it on)."""
+    if keras.backend.backend() != "jax":
+        pytest.skip("keras.distribution's DataParallel is the jax engine")
+    from attnkit.distributed import data_parallel_plan
+
+    assert data_parallel_plan().engine.auto_shard_dataset is False

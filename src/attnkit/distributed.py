@@ -64,16 +64,16 @@ class DataParallelPlan:
             )
         return batch_size // self.process_count
 
-    def local_examples(self, *arrays):
+    def local_examples(self, *arrays, name="examples"):
         """This process's share of the examples, a multiple of D in total so that every batch splits evenly.
 
         Each array has N examples along its first axis; the last N mod D are dropped (at most D - 1), and
-        process p keeps examples p, p + P, p + 2P, ...
+        process p keeps examples p, p + P, p + 2P, ... `name` names the set in the error when N < D.
         """
         n = len(arrays[0]) - len(arrays[0]) % self.num_devices
         if n == 0:
             raise ValueError(f"Data-parallel training over {self.num_devices} devices needs at least "
-                             f"{self.num_devices} examples. Received: {len(arrays[0])}")
+                             f"{self.num_devices} examples in `{name}`. Received: {name}={len(arrays[0])}")
         return tuple(a[:n][self.process_index::self.process_count] for a in arrays)
 
 
@@ -115,7 +115,9 @@ def _jax_plan():
     if any(name in os.environ for name in MULTI_HOST_VARIABLES) and not jax.distributed.is_initialized():
         keras.distribution.initialize()  # jax.distributed.initialize with the coordinator from the env
     devices = keras.distribution.list_devices()
-    distribution = keras.distribution.DataParallel(devices=devices)
+    # Each process feeds its own slice (`local_examples`): Keras must not shard it again, and refuses
+    # arrays (not a tf.data.Dataset) on several hosts unless told so.
+    distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     return DataParallelPlan(
         distribution, devices, process_index=jax.process_index(), process_count=jax.process_count(),
     )

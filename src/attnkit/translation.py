@@ -187,9 +187,9 @@ def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_paral
     tokenizer = dates.CharTokenizer()
     train, validation = dates.train_validation_split(config.n_train, config.n_validation, seed=config.seed)
     source, decoder_input, decoder_target, weights = plan.local_examples(
-        *make_arrays(train, tokenizer, config.source_length)
+        *make_arrays(train, tokenizer, config.source_length), name="n_train"
     )
-    val = plan.local_examples(*make_arrays(validation, tokenizer, config.source_length))
+    val = plan.local_examples(*make_arrays(validation, tokenizer, config.source_length), name="n_validation")
     with plan.scope():
         model = build_model(config, tokenizer)
         model.compile(
