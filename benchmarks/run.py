@@ -38,32 +38,62 @@ def matmul_peaks(repeats):
 
 
 def long_sequence_rows(rounds, backends):
-    """T=16384 self-attention: attnkit.ops.fused_attention on each backend vs torch SDPA, time and peak memory."""
+    """T=16384 self-attention: attnkit.ops.fused_attention on each backend vs torch SDPA, time and peak memory.
+
+    A case whose process fails (killed for memory, a backend that does not import) becomes a row that
+    says so; the other rows, and the rest of the table, still print."""
+    workload = f"Self-attention B=1 h=8 T={LONG_T} d_k=64"
+
     def case(name, backend):
         out = subprocess.run([sys.executable, os.path.join(HERE, "long_attention.py"), name, "--T", str(LONG_T)],
-                             capture_output=True, text=True, check=True, env={**os.environ, "KERAS_BACKEND": backend})
+                             capture_output=True, text=True, env={**os.environ, "KERAS_BACKEND": backend})
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+            raise CaseFailed(f"{name} on {backend}: {tail}")
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     cases = [("torch", "torch")] + [("attnkit", b) for b in backends]  # the anchor first, then attnkit per backend
-    results = {c: [] for c in cases}
+    results, failed = {c: [] for c in cases}, {}
     for _ in range(rounds):
         for name, backend in cases:
-            results[name, backend].append(case(name, backend))
-    seconds = {c: statistics.median(r["seconds"] for r in rs) for c, rs in results.items()}
-    peak = {c: statistics.median(r["peak_bytes"] for r in rs) / 2**20 for c, rs in results.items()}
+            if (name, backend) not in failed:
+                try:
+                    results[name, backend].append(case(name, backend))
+                except CaseFailed as e:
+                    failed[name, backend] = str(e)
+    if ("torch", "torch") in failed:
+        return [failure_row(workload, "torch", failed["torch", "torch"])]
+    seconds = {c: statistics.median(r["seconds"] for r in rs) for c, rs in results.items() if c not in failed}
+    peak = {c: statistics.median(r["peak_bytes"] for r in rs) / 2**20 for c, rs in results.items() if c not in failed}
     gflop = 4 * 8 * LONG_T * LONG_T * 64 / 1e9
     rows = []
     for backend in backends:
-        refused = case("explicit", backend)
-        size = refused["error"] and refused["error"].split("tensor of shape ")[1].split(", above")[0]
-        explicit = "explicit path (weights): " + (f"refused before allocating {size}" if size else "NOT refused")
+        if ("attnkit", backend) in failed:
+            rows.append(failure_row(workload, backend, failed["attnkit", backend]))
+            continue
+        try:
+            refused = case("explicit", backend)
+            size = refused["error"] and refused["error"].split("tensor of shape ")[1].split(", above")[0]
+            explicit = "explicit path (weights): " + (f"refused before allocating {size}" if size else "NOT refused")
+        except CaseFailed as e:
+            explicit = f"explicit path (weights): its process failed ({e})"
         how = "" if backend == "torch" else ", compiled, tiles of 512 x 256"
         rows.append(dict(
-            workload=f"Self-attention B=1 h=8 T={LONG_T} d_k=64", backend=backend, dtype="float32",
+            workload=workload, backend=backend, dtype="float32",
             attnkit_s=seconds["attnkit", backend], anchor="torch SDPA", anchor_s=seconds["torch", "torch"],
             gflop=gflop, note=f"peak memory {peak['attnkit', backend]:.0f} MiB vs {peak['torch', 'torch']:.0f} MiB"
                               f"{how}; {explicit}"))
     return rows
+
+
+class CaseFailed(RuntimeError):
+    """A benchmark case's process ended with an error."""
+
+
+def failure_row(workload, backend, message):
+    """A table row saying that `workload` on `backend` failed, and how."""
+    return dict(workload=f"({workload}: failed: {message})", backend=backend, dtype="", attnkit_s=None,
+                anchor="", anchor_s=None, gflop=None, note="")
 
 
 def child_rows(backend, rounds, names):
@@ -71,8 +101,7 @@ def child_rows(backend, rounds, names):
                          capture_output=True, text=True, env={**os.environ, "KERAS_BACKEND": backend})
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return [dict(workload=f"({backend} rows failed: {tail})", backend=backend, dtype="", attnkit_s=None,
-                     anchor="", anchor_s=None, gflop=None, note="")]
+        return [failure_row(f"{backend} rows", backend, tail)]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -252,6 +252,10 @@ def all_rows(rounds, names=tuple(WORKLOADS)):
     rows = []
     for name in names:
         t0 = time.perf_counter()
-        rows += WORKLOADS[name](rounds)
+        try:
+            rows += WORKLOADS[name](rounds)
+        except Exception as e:  # noqa: BLE001 - one failed workload (a missing anchor, say) is one row
+            rows.append(dict(workload=f"({name}: failed: {type(e).__name__}: {e})", backend=BACKEND, dtype="",
+                             attnkit_s=None, anchor="", anchor_s=None, gflop=None, note=""))
         print(f"[{BACKEND}] {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return rows

@@ -94,3 +94,27 @@ def test_interleaved_medians_keep_going_until_min_seconds(monkeypatch):
     monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
     timing.interleaved_medians({"a": one_second}, rounds=2, warmup=0, min_seconds=5.0)
     assert len(calls) == 5  # 2 rounds asked for, 5 needed to fill 5 seconds
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the long rows run torch's anchor in a subprocess")
+def test_a_failed_long_attention_case_is_a_row_not_a_crash(monkeypatch):
+    """A backend whose process fails (here one that does not exist) gets a row saying so; the others'
+    rows still come, with their numbers."""
+    monkeypatch.setattr(run, "LONG_T", 256)
+    rows = run.long_sequence_rows(1, ["torch", "nonexistent"])
+    assert [r["backend"] for r in rows] == ["torch", "nonexistent"]
+    assert rows[0]["attnkit_s"] > 0 and rows[0]["anchor_s"] > 0
+    assert rows[1]["attnkit_s"] is None and "failed: attnkit on nonexistent" in rows[1]["workload"]
+    assert "nonexistent" in run.table(rows, {"float32": 100.0, "bfloat16": 10.0})
+
+
+def test_a_failed_workload_is_a_row_not_a_crash(monkeypatch):
+    import workloads
+
+    def broken(rounds):
+        raise ImportError("No module named 'sentence_transformers'")
+
+    monkeypatch.setitem(workloads.WORKLOADS, "embeddings", broken)
+    (row,) = workloads.all_rows(1, ["embeddings"])
+    assert row["attnkit_s"] is None
+    assert row["workload"] == "(embeddings: failed: ImportError: No module named 'sentence_transformers')"
