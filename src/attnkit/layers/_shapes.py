@@ -5,6 +5,8 @@ In `build` too: Keras builds a layer before its `call` checks the inputs, and a 
 wrong width would keep that width, and fail every correct call after, deep in a matmul.
 """
 
+import keras
+
 from attnkit.ops.masks import _shape_str
 
 
@@ -29,3 +31,9 @@ def check_built_width(name, shape, projection):
             f"`{name}` must have {width} features, the width this layer was built for. "
             f"Received: {name}.shape={_shape_str(shape)}"
         )
+
+
+def weights_spec(layer, batch, q_len, k_len):
+    """The symbolic (B, h, T_q, T_k) attention weights of `layer` (its `h` heads, its compute dtype), for
+    the `compute_output_spec` of a functional call with return_attention_weights=True."""
+    return keras.KerasTensor((batch, layer.h, q_len, k_len), dtype=layer.compute_dtype)

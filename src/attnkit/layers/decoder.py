@@ -13,7 +13,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
-from attnkit.layers._shapes import check_model_width
+from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._sublayer import call_layer_norm
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_layer import DecoderLayer
@@ -187,17 +187,17 @@ class Decoder(keras.layers.Layer):
     def compute_output_shape(self, output_target_shape, *args, **kwargs):
         return tuple(output_target_shape) + (self.d_model,)
 
-    def compute_output_spec(self, output_target, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *, return_attention_weights=False, **kwargs):
-        # Symbolic calls (functional models) must see the weights too when they are asked for.
+    def compute_output_spec(
+        self, output_target, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *,
+        return_attention_weights=False, **kwargs,
+    ):
+        # Symbolic calls (functional models) must see the weights too: n self- and n cross-attention.
         output = keras.KerasTensor(self.compute_output_shape(output_target.shape), dtype=self.compute_dtype)
         if not return_attention_weights:
             return output
         B, T, S = output_target.shape[0], output_target.shape[1], encoder_output.shape[1]
-        return (
-            output,
-            [keras.KerasTensor((B, self.h, T, T), dtype=self.compute_dtype) for _ in range(self.n)],
-            [keras.KerasTensor((B, self.h, T, S), dtype=self.compute_dtype) for _ in range(self.n)],
-        )
+        self_weights = [weights_spec(self, B, T, T) for _ in range(self.n)]
+        return output, self_weights, [weights_spec(self, B, T, S) for _ in range(self.n)]
 
     def get_config(self):
         return {

@@ -16,7 +16,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
-from attnkit.layers._shapes import check_model_width
+from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.encoder_layer import key_padding
@@ -203,17 +203,16 @@ class DecoderLayer(keras.layers.Layer):
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return tuple(x_shape)
 
-    def compute_output_spec(self, x, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *, return_attention_weights=False, **kwargs):
+    def compute_output_spec(
+        self, x, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *,
+        return_attention_weights=False, **kwargs,
+    ):
         # Symbolic calls (functional models) must see the weights too when they are asked for.
         output = keras.KerasTensor(self.compute_output_shape(x.shape), dtype=self.compute_dtype)
         if not return_attention_weights:
             return output
         B, T, S = x.shape[0], x.shape[1], encoder_output.shape[1]
-        return (
-            output,
-            keras.KerasTensor((B, self.h, T, T), dtype=self.compute_dtype),  # self-attention (B, h, T, T)
-            keras.KerasTensor((B, self.h, T, S), dtype=self.compute_dtype),  # cross-attention (B, h, T, S)
-        )
+        return output, weights_spec(self, B, T, T), weights_spec(self, B, T, S)  # self-, cross-attention
 
     def get_config(self):
         return {

@@ -12,6 +12,7 @@ import keras
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
 from attnkit.layers._keras_mask import keras_mask_of, with_keras_mask
+from attnkit.layers._shapes import weights_spec
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
@@ -167,13 +168,15 @@ class Encoder(keras.layers.Layer):
     def compute_output_shape(self, input_sentence_shape, padding_mask_shape=None):
         return tuple(input_sentence_shape) + (self.d_model,)
 
-    def compute_output_spec(self, input_sentence, padding_mask=None, training=None, *, return_attention_weights=False, **kwargs):
-        # Symbolic calls (functional models) must see the weights too when they are asked for.
+    def compute_output_spec(
+        self, input_sentence, padding_mask=None, training=None, *, return_attention_weights=False, **kwargs
+    ):
+        # Symbolic calls (functional models) must see the weights too: one (B, h, T, T) per layer.
         output = keras.KerasTensor(self.compute_output_shape(input_sentence.shape), dtype=self.compute_dtype)
         if not return_attention_weights:
             return output
         B, T = input_sentence.shape[0], input_sentence.shape[1]
-        return output, [keras.KerasTensor((B, self.h, T, T), dtype=self.compute_dtype) for _ in range(self.n)]
+        return output, [weights_spec(self, B, T, T) for _ in range(self.n)]
 
     def get_config(self):
         return {

@@ -15,7 +15,7 @@ from keras import ops
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
 from attnkit.layers._keras_mask import keras_mask_of
-from attnkit.layers._shapes import check_model_width
+from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.feed_forward import FeedForward, check_activation
@@ -165,8 +165,7 @@ class EncoderLayer(keras.layers.Layer):
         output = keras.KerasTensor(self.compute_output_shape(x.shape), dtype=self.compute_dtype)
         if not return_attention_weights:
             return output
-        B, T = x.shape[0], x.shape[1]
-        return output, keras.KerasTensor((B, self.h, T, T), dtype=self.compute_dtype)  # (B, h, T, T)
+        return output, weights_spec(self, x.shape[0], x.shape[1], x.shape[1])
 
     def get_config(self):
         return {
