@@ -4,10 +4,11 @@
 
 Each row: attnkit's median time and the anchor's, measured in turn (A, B, A, B, ...) in the same
 process; their ratio (anchor / attnkit: > 1 means attnkit is faster); and attnkit's achieved GFLOP/s
-as a fraction of the practical peak, a large matmul (2048^3) timed in this run in float32 and in
-bfloat16. The torch rows run here; the jax and tensorflow rows run in child processes with
-KERAS_BACKEND set (`--child`), which print their rows as JSON. The long-sequence rows run one
-process per case so that each peak memory is its own.
+as a fraction of the machine's peak: per dtype, the fastest 2048^3 matmul of torch, XLA (jax),
+tensorflow and numpy, timed in this run before and after the rows (`peak.py`). The torch rows run
+here; the jax and tensorflow rows run in child processes with KERAS_BACKEND set (`--child`), which
+print their rows as JSON. The long-sequence rows run one process per case so that each peak memory
+is its own.
 """
 
 import argparse
@@ -22,19 +23,6 @@ LONG_T = 16384
 # workloads.WORKLOADS, run in every backend, then the T=LONG_T rows, one process per case (run.py
 # imports workloads only after choosing the backend).
 WORKLOAD_NAMES = ("mha", "encoder-float32", "encoder-bfloat16", "training-step", "embeddings", "long-attention")
-
-
-def matmul_peaks(repeats):
-    """Practical peak GFLOP/s of torch.mm on (2048, 2048) matrices, torch.nn.Linear's layout (A @ B^T): {"float32": ..., "bfloat16": ...}."""
-    import torch
-    from timing import median_seconds
-
-    n, peaks = 2048, {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype).t()
-        seconds = median_seconds(lambda: torch.mm(a, b), warmup=1, repeats=repeats)
-        peaks[str(dtype).removeprefix("torch.")] = 2 * n**3 / seconds / 1e9
-    return peaks
 
 
 def long_sequence_rows(rounds, backends):
@@ -151,16 +139,22 @@ def main():
     import workloads
 
     backends = args.backends.split(",")
+    from peak import cpu_description, matmul_peaks, peaks_table
+
     load_before = os.getloadavg()
-    peaks = matmul_peaks(2 if args.quick else 3)
+    peaks, by_engine = matmul_peaks(2 if args.quick else 3)
     rows = workloads.all_rows(rounds, [n for n in names if n != "long-attention"]) if "torch" in backends else []
     for backend in backends:
         if backend != "torch":
             rows += child_rows(backend, rounds, args.workloads)
     if "long-attention" in names:
         rows += long_sequence_rows(1 if args.quick else 2, backends)
-    later_peaks = matmul_peaks(2 if args.quick else 3)
-    peaks = {dtype: max(peaks[dtype], later_peaks[dtype]) for dtype in peaks}  # the practical peak
+    later_peaks, later_by_engine = matmul_peaks(2 if args.quick else 3)
+    peaks = {dtype: max(peaks[dtype], later_peaks[dtype]) for dtype in peaks}  # the machine's peak
+    for dtype, engines in by_engine.items():  # each engine's best of the two measurements
+        for name, rate in later_by_engine[dtype].items():
+            if isinstance(rate, float) and (not isinstance(engines[name], float) or rate > engines[name]):
+                engines[name] = rate
     load_after = os.getloadavg()
 
     print(f"attnkit benchmarks: {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
@@ -168,8 +162,10 @@ def main():
           f"and at least {workloads.SECONDS_PER_ROUND * rounds:.0f} s of them")
     print(f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
-    print(f"practical peak (torch.mm 2048^3, A @ B^T): float32 {peaks['float32']:.0f} GFLOP/s, "
+    print(f"CPU: {cpu_description()}")
+    print(f"peak (the fastest engine's matmul 2048^3, A @ B^T): float32 {peaks['float32']:.0f} GFLOP/s, "
           f"bfloat16 {peaks['bfloat16']:.0f} GFLOP/s\n")
+    print(peaks_table(by_engine) + "\n")
     print(table(rows, peaks))
 
 

@@ -118,3 +118,33 @@ def test_a_failed_workload_is_a_row_not_a_crash(monkeypatch):
     (row,) = workloads.all_rows(1, ["embeddings"])
     assert row["attnkit_s"] is None
     assert row["workload"] == "(embeddings: failed: ImportError: No module named 'sentence_transformers')"
+
+
+def test_the_peak_is_the_fastest_engine_and_engines_that_cannot_run_say_why(monkeypatch):
+    import peak
+
+    seconds = {"fast": 0.5, "slow": 2.0}
+
+    def engine(name):
+        def time_it(dtype, repeats):
+            if name == "broken" or (name == "slow" and dtype == "bfloat16"):
+                raise TypeError(f"{name} has no {dtype} GEMM")
+            return seconds[name]
+        return time_it
+
+    monkeypatch.setattr(peak, "ENGINES", {n: engine(n) for n in ("slow", "fast", "broken")})
+    best, by_engine = peak.matmul_peaks(repeats=1)
+    flop = 2 * peak.N**3 / 1e9
+    assert best == {"float32": flop / 0.5, "bfloat16": flop / 0.5}
+    assert by_engine["float32"]["slow"] == flop / 2.0
+    assert by_engine["bfloat16"]["slow"] == "TypeError: slow has no bfloat16 GEMM"
+    table = peak.peaks_table(by_engine)
+    assert "(TypeError: broken has no float32 GEMM)" in table and f"| fast | {flop / 0.5:.0f} |" in table
+
+
+def test_the_cpu_line_names_the_gemm_flags():
+    import peak
+
+    line = peak.cpu_description()
+    assert "avx512_bf16" in line and "amx_bf16" in line  # each flag is listed as present or absent
+    assert ("has " in line and "lacks " in line) or "flags unknown" in line
