@@ -107,8 +107,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except BadInput as e:
             self._json(400, {"error": str(e)})
         except Exception as e:  # noqa: BLE001 - the page shows every failure as a message
-            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-            message = f"The model failed on this text: {type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+            from attnkit.cli import one_line  # Keras's wrapped messages, reduced to the original's line
+
+            message = f"The model failed on this text: {type(e).__name__}: {one_line(e)}"
             print(f"attnkit explore: {message}", file=sys.stderr)  # one line in the terminal too
             self._json(500, {"error": message})
         else:
