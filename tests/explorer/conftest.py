@@ -1,7 +1,6 @@
 """Models for the explorer tests: tiny ones written at test time, the embedded MiniLM, and Chromium."""
 
 import os
-import shutil
 import sys
 
 import pytest
@@ -9,11 +8,6 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
 from pretrained_fixtures import write_tiny_model  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-default-apps", "--disable-extensions",
-]
 # Two batches of training: the model barely learns, and decodes every step up to its limit (11)
 # rather than emitting its end token at once, so the tests see many decoding steps.
 TINY_TRANSLATOR = dict(epochs=1, n_train=128, n_validation=32, batch_size=64, d_model=32, h=2, n=2, d_ff=64)

@@ -12,7 +12,7 @@ import threading
 import keras
 import pytest
 
-from conftest import CHROMIUM, CHROMIUM_ARGS
+from explorer_chromium import CHROMIUM, CHROMIUM_ARGS
 
 from attnkit import cli
 from attnkit.explorer import open_model
