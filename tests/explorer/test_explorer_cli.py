@@ -32,7 +32,8 @@ def test_export_writes_one_page_with_the_models_numbers(tiny_bert_dir, tiny_sour
     text = "the cat sat on the mat"
     assert cli.main(["explore", "--model", tiny_bert_dir, "--export", str(out), "--text", text]) == 0
     assert page_data(out) == json.loads(to_json(tiny_source.attention(text)))
-    assert f"wrote {out}: {tiny_source.name}, 8 tokens, 1 attention kind(s), 2 layers x 2 heads" in capsys.readouterr().err
+    written = f"wrote {out}: {tiny_source.name}, 8 tokens, 1 attention kind(s), 2 layers x 2 heads"
+    assert written in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["page.html"]  # no temporary file left beside it
     assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
 

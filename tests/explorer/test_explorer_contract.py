@@ -13,6 +13,10 @@ from attnkit.explorer.contract import Attention, Steps, make_data, to_json, to_s
 from attnkit.explorer.page import render_page
 
 
+def make(**kwargs):
+    return make_data(model="m", source="s", text="t", tokens=["t"], **kwargs)
+
+
 def softmax_rows(x):
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -22,7 +26,7 @@ def data_for(weights, tokens=None, **kwargs):
     n, h, T_q, T_k = weights.shape
     queries = tokens or [f"q{i}" for i in range(T_q)]
     keys = tokens or [f"k{i}" for i in range(T_k)]
-    return make_data(model="m", source="test", text="t", attention=[Attention("self", queries, keys, weights)], **kwargs)
+    return make(attention=[Attention("self", queries, keys, weights)], **kwargs)
 
 
 @settings(max_examples=40, deadline=None)
@@ -45,7 +49,7 @@ def test_the_contract_names_everything_the_page_needs():
     weights = softmax_rows(np.random.default_rng(0).standard_normal((2, 3, 4, 4)))
     data = data_for(weights, tokens=["a", "b", "c", "d"], notes=["truncated"])
     assert data["format"] == "attnkit-attention" and data["version"] == 1
-    assert (data["model"], data["source"], data["text"], data["notes"]) == ("m", "test", "t", ["truncated"])
+    assert (data["model"], data["source"], data["text"], data["notes"]) == ("m", "s", "t", ["truncated"])
     kind = data["attention"][0]
     assert (kind["layers"], kind["heads"], kind["query_tokens"]) == (2, 3, ["a", "b", "c", "d"])
     assert "4 decimal places" in data["rounding"] and data["steps"] is None
@@ -63,25 +67,25 @@ def test_the_contract_names_everything_the_page_needs():
 )
 def test_wrong_weights_are_refused(weights, message):
     with pytest.raises(ValueError, match=message):
-        make_data(model="m", source="s", text="t", attention=[Attention("self", list("abcd"), list("abcd"), weights)])
+        make(attention=[Attention("self", list("abcd"), list("abcd"), weights)])
 
 
 def test_steps_must_fit_a_stepwise_attention():
     w = np.full((1, 1, 3, 3), 1 / 3)
     causal = Attention("self", list("abc"), list("abc"), w, stepwise=True, causal=True)
-    data = make_data(model="m", source="s", text="t", attention=[causal], steps=Steps(["x", "y", "z"], [1, 2, 3]))
+    data = make(attention=[causal], steps=Steps(["x", "y", "z"], [1, 2, 3]))
     assert data["steps"] == {"labels": ["x", "y", "z"], "query_rows": [1, 2, 3]}
     with pytest.raises(ValueError, match="non-decreasing, from 1 to the stepwise attentions' 3 rows"):
-        make_data(model="m", source="s", text="t", attention=[causal], steps=Steps(["x", "y"], [2, 4]))
+        make(attention=[causal], steps=Steps(["x", "y"], [2, 4]))
     with pytest.raises(ValueError, match="one label and one query_rows entry per step"):
-        make_data(model="m", source="s", text="t", attention=[causal], steps=Steps(["x"], [1, 2]))
+        make(attention=[causal], steps=Steps(["x"], [1, 2]))
     plain = Attention("self", list("abc"), list("abc"), w)
     with pytest.raises(ValueError, match="no attention is stepwise"):
-        make_data(model="m", source="s", text="t", attention=[plain], steps=Steps(["x"], [1]))
+        make(attention=[plain], steps=Steps(["x"], [1]))
     with pytest.raises(ValueError, match="different query and key tokens"):
-        make_data(model="m", source="s", text="t", attention=[Attention("x", list("abc"), list("abd"), w, causal=True)])
+        make(attention=[Attention("x", list("abc"), list("abd"), w, causal=True)])
     with pytest.raises(ValueError, match="`decimals` must be an integer from 1 to 8"):
-        make_data(model="m", source="s", text="t", attention=[plain], decimals=0)
+        make(attention=[plain], decimals=0)
 
 
 class _Scripts(html.parser.HTMLParser):
@@ -111,7 +115,7 @@ def test_any_token_survives_the_page_unchanged(tokens, text):
     """Tokens such as "</script>" or "<!--" can neither end the data element nor change the numbers."""
     T = len(tokens)
     weights = np.full((1, 1, T, T), 1.0 / T)
-    data = make_data(model="</script><script>alert(1)</script>", source="s", text=text,
+    data = make_data(model="</script><script>alert(1)</script>", source="s", text=text, tokens=tokens,
                      attention=[Attention("self", tokens, tokens, weights)])
     page = render_page({"model": "<!--", "source": "s"}, data=data)
     parser = _Scripts()

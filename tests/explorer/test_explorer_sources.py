@@ -29,7 +29,7 @@ def test_minilm_weights_equal_pretrained_encoder_attentions(minilm_source):
     encoder = minilm_source.encoder
     assert data["model"] == "all-MiniLM-L6-v2" and data["source"] == "pretrained-encoder"
     (kind,) = data["attention"]
-    assert kind["query_tokens"] == kind["key_tokens"] == encoder.tokens(SENTENCE)
+    assert kind["query_tokens"] == kind["key_tokens"] == data["tokens"] == encoder.tokens(SENTENCE)
     assert (kind["layers"], kind["heads"]) == (6, 12)
     assert_within_rounding(kind, np.stack(encoder.attentions(SENTENCE)), data)
     assert data["notes"] == []
@@ -65,9 +65,11 @@ def test_translator_weights_equal_the_translators_own(translator_source):
     assert data["source"] == "date-translator"
     assert data["output"] == translator.translate([text])[0]
     encoder_self, decoder_self, cross = data["attention"]
-    assert [k["name"] for k in data["attention"]] == ["encoder self-attention", "decoder self-attention", "cross-attention"]
+    names = ["encoder self-attention", "decoder self-attention", "cross-attention"]
+    assert [k["name"] for k in data["attention"]] == names
     S = len(text)
     assert encoder_self["query_tokens"] == encoder_self["key_tokens"] == cross["key_tokens"] == list(text)
+    assert data["tokens"] == list(text)
 
     # Cross-attention: the cached decoding's own weights, step by step (`translate(return_attention_weights=True)`).
     _, (decoded,) = translator.translate([text], return_attention_weights=True)

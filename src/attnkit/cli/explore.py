@@ -84,9 +84,14 @@ def _export(args, source):
     return 0
 
 
-def _serve(args, source):
+def _open_browser(url):
     import webbrowser
 
+    if not webbrowser.open(url):
+        print(f"attnkit: warning: no web browser could be opened; open {url} yourself", file=sys.stderr, flush=True)
+
+
+def _serve(args, source):
     from attnkit.explorer.server import ExplorerServer
 
     try:
@@ -97,7 +102,7 @@ def _serve(args, source):
         print(f"attnkit explorer: {server.url} ({source.name}); Ctrl-C to stop", flush=True)
         if args.open:
             # In a thread: a console browser may not return until it quits.
-            threading.Thread(target=webbrowser.open, args=(server.url,), daemon=True).start()
+            threading.Thread(target=_open_browser, args=(server.url,), daemon=True).start()
         server.serve_forever()
     except KeyboardInterrupt:
         print("attnkit explorer: stopped", flush=True)

@@ -8,6 +8,9 @@
 """
 
 from attnkit.explorer.contract import Attention, Steps, make_data
+from attnkit.explorer.export import export_page
+from attnkit.explorer.page import render_page
+from attnkit.explorer.server import ExplorerServer
 from attnkit.explorer.sources import BadInput, open_model
 
-__all__ = ["Attention", "BadInput", "Steps", "make_data", "open_model"]
+__all__ = ["Attention", "BadInput", "ExplorerServer", "Steps", "export_page", "make_data", "open_model", "render_page"]

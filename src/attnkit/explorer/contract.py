@@ -4,6 +4,7 @@ server's `/api/attention` returns.
     {
       "format": "attnkit-attention", "version": 1,
       "model": "all-MiniLM-L6-v2", "source": "pretrained-encoder", "text": "The cat sat.",
+      "tokens": ["[CLS]", "the", "cat", "sat", ".", "[SEP]"],       # the input as the model reads it
       "decimals": 4, "max_error": 5e-05,
       "rounding": "every weight is the model's float32 weight rounded to 4 decimal places ...",
       "notes": ["The text is 300 tokens long ..."],
@@ -74,13 +75,15 @@ def rounding_text(decimals):
     )
 
 
-def make_data(*, model, source, text, attention, steps=None, notes=(), output=None, decimals=DEFAULT_DECIMALS):
+def make_data(*, model, source, text, tokens, attention, steps=None, notes=(), output=None,
+              decimals=DEFAULT_DECIMALS):
     """Builds the contract's JSON object (a dict of plain Python values).
 
     Args:
         model: the model's name.
         source: the kind of model ("pretrained-encoder", "date-translator", ...).
         text: the input text, as typed.
+        tokens: the input's tokens as the model reads them (after truncation).
         attention: a non-empty list of `Attention`.
         steps: a `Steps` for generating models, else None.
         notes: strings the page shows above the views (truncation, ...).
@@ -109,6 +112,7 @@ def make_data(*, model, source, text, attention, steps=None, notes=(), output=No
         "model": str(model),
         "source": str(source),
         "text": str(text),
+        "tokens": [str(t) for t in tokens],
         "decimals": decimals,
         "max_error": 0.5 * 10.0 ** -decimals,
         "rounding": rounding_text(decimals),

@@ -107,8 +107,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except BadInput as e:
             self._json(400, {"error": str(e)})
         except Exception as e:  # noqa: BLE001 - the page shows every failure as a message
-            from attnkit.cli import one_line  # Keras's wrapped messages, reduced to the original's line
+            # The CLI's reduction: tensorflow's StagingError unwrapped, Keras's wrapped message to its line.
+            from attnkit.cli import _original, one_line
 
+            e = _original(e)
             message = f"The model failed on this text: {type(e).__name__}: {one_line(e)}"
             print(f"attnkit explore: {message}", file=sys.stderr)  # one line in the terminal too
             self._json(500, {"error": message})

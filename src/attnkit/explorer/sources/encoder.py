@@ -59,6 +59,6 @@ class EncoderSource:
             )
         weights = np.stack(layers)  # (n, h, T, T)
         return make_data(
-            model=self.name, source=self.kind, text=text, notes=notes, decimals=decimals,
+            model=self.name, source=self.kind, text=text, tokens=tokens, notes=notes, decimals=decimals,
             attention=[Attention("self-attention", tokens, tokens, weights)],
         )

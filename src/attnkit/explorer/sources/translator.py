@@ -87,7 +87,8 @@ class TranslatorSource:
             Attention("cross-attention", inputs, chars, cross[:, :, :, :S], stepwise=True),
         ]
         return make_data(
-            model=self.name, source=self.kind, text=text, attention=attention, notes=notes, decimals=decimals,
+            model=self.name, source=self.kind, text=text, tokens=chars, attention=attention, notes=notes,
+            decimals=decimals,
             steps=Steps(labels=outputs, query_rows=list(range(1, T_out + 1))), output=tok.decode(decoded.ids[0]),
         )
 
