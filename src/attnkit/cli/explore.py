@@ -1,0 +1,111 @@
+"""`attnkit explore`: the attention explorer, served on 127.0.0.1 or exported to one HTML file.
+
+    attnkit explore [--model DIR] [--port N] [--open] [--text TEXT]
+    attnkit explore --export page.html --text "..." [--model DIR] [--force]
+
+The model is read before anything else, so a directory that cannot be read is one line on stderr
+before any server starts.
+"""
+
+import argparse
+import os
+import sys
+import threading
+
+from attnkit.cli.errors import CommandError, non_negative_int
+
+
+def add_commands(commands):
+    """Adds explore to the `attnkit` subcommands."""
+    explore = commands.add_parser(
+        "explore", help="an interactive page of the attention heads (served locally, or exported to one HTML file)"
+    )
+    explore.add_argument(
+        "--model", metavar="DIR",
+        help="a BERT-architecture directory, or a date translator written by train or demo (default: all-MiniLM-L6-v2)",
+    )
+    explore.add_argument("--text", help="the text to explore (served: shown when the page opens; needed by --export)")
+    explore.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default: a free one, printed)")
+    explore.add_argument("--open", action="store_true", help="open the page in the default web browser")
+    explore.add_argument("--export", metavar="HTML", help="write one self-contained page to HTML instead of serving")
+    explore.add_argument("--force", action="store_true", help="overwrite an existing --export file")
+    explore.set_defaults(run=_explore)
+
+
+def _port(text):
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, not {text!r}")
+    return value
+
+
+def _explore(args):
+    from attnkit.explorer.sources import open_model
+
+    if args.export is not None:
+        _check_export(args)
+    source = open_model(args.model)
+    if args.export is not None:
+        return _export(args, source)
+    return _serve(args, source)
+
+
+def _check_export(args):
+    if args.port or args.open:
+        raise CommandError("--port and --open are for the served page, not for --export")
+    if not args.export.lower().endswith((".html", ".htm")):
+        raise CommandError(f"--export must end in .html. Received: {args.export}")
+    if args.text is None:
+        raise CommandError('--export needs the text: --text "..."')
+    if not args.text.strip():
+        raise CommandError("--text is empty: nothing to explore")
+    if os.path.exists(args.export) and not args.force:
+        raise CommandError(f"{args.export} already exists; pass --force to overwrite it")
+    directory = os.path.dirname(os.path.abspath(args.export))
+    if not os.path.isdir(directory):
+        raise CommandError(f"--export {args.export} cannot be written: {directory} is not a directory")
+
+
+def _export(args, source):
+    from attnkit.explorer.export import export_page
+
+    try:
+        data = export_page(args.export, source, args.text, force=args.force)
+    except FileExistsError as e:
+        raise CommandError(str(e)) from None
+    for note in data["notes"]:
+        print(f"attnkit: warning: {note}", file=sys.stderr)
+    first = data["attention"][0]
+    print(
+        f"wrote {args.export}: {data['model']}, {len(first['query_tokens'])} tokens, {len(data['attention'])} "
+        f"attention kind(s), {first['layers']} layers x {first['heads']} heads",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _open_browser(url):
+    import webbrowser
+
+    if not webbrowser.open(url):
+        print(f"attnkit: warning: no web browser could be opened; open {url} yourself", file=sys.stderr, flush=True)
+
+
+def _serve(args, source):
+    from attnkit.explorer.server import ExplorerServer
+
+    try:
+        server = ExplorerServer(source, args.port, text=args.text)
+    except OSError as e:
+        raise CommandError(f"cannot serve on 127.0.0.1:{args.port}: {e.strerror or e}") from None
+    try:
+        print(f"attnkit explorer: {server.url} ({source.name}); Ctrl-C to stop", flush=True)
+        if args.open:
+            # In a thread: a console browser may not return until it quits.
+            threading.Thread(target=_open_browser, args=(server.url,), daemon=True).start()
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("attnkit explorer: stopped", flush=True)
+    finally:
+        server.server_close()
+    return 0

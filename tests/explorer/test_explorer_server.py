@@ -1,0 +1,128 @@
+"""The explorer's server: the page, the JSON endpoint, errors as JSON, the port and the bind address."""
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from attnkit.explorer import open_model
+from attnkit.explorer.contract import to_json
+from attnkit.explorer.server import ExplorerServer
+from attnkit.ops import set_max_scores_bytes
+
+
+@pytest.fixture
+def serve(tiny_source):
+    """Starts servers in threads; stops them after the test."""
+    servers = []
+
+    def start(source=tiny_source, **kwargs):
+        server = ExplorerServer(source, 0, **kwargs)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def request(url, *, data=None, headers=None):
+    """(status, content type, body) of a GET, or of a POST of the JSON `data`."""
+    body = None if data is None else (data if isinstance(data, bytes) else json.dumps(data).encode())
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode("utf-8")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode("utf-8")
+
+
+def test_the_endpoint_serves_the_data_contract(serve, tiny_source):
+    server = serve()
+    text = "the cat sat on the mat"
+    status, kind, body = request(server.url + "api/attention", data={"text": text})
+    assert (status, kind) == (200, "application/json; charset=utf-8")
+    assert json.loads(body) == json.loads(to_json(tiny_source.attention(text)))
+    status, _, by_get = request(server.url + "api/attention?text=" + urllib.request.quote(text))
+    assert status == 200 and json.loads(by_get) == json.loads(body)
+    status, _, model = request(server.url + "api/model")
+    assert status == 200 and json.loads(model) == tiny_source.describe()
+
+
+def test_the_page_is_served_with_its_endpoint(serve, tiny_source):
+    server = serve(text="the dog ran")
+    status, kind, page = request(server.url)
+    assert (status, kind) == (200, "text/html; charset=utf-8")
+    assert '<script type="application/json" id="attnkit-data">null</script>' in page
+    config = page.split('id="attnkit-config">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(config) == {
+        "mode": "served", "model": tiny_source.describe(), "endpoint": "/api/attention", "text": "the dog ran"
+    }
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "").replace(
+        'const SVG = "http://www.w3.org/2000/svg"', "")  # no address of another host
+
+
+@pytest.mark.parametrize(
+    "path, data, status, message",
+    [
+        ("api/attention", {"text": ""}, 400, "The text is empty: type a sentence to see its attention."),
+        ("api/attention", {"text": "  "}, 400, "The text is empty"),
+        ("api/attention", b"{not json", 400, "The request is not UTF-8 JSON"),
+        ("api/attention", {"words": "x"}, 400, 'must be a JSON object {"text": "..."}'),
+        ("api/attention", [1, 2], 400, 'must be a JSON object {"text": "..."}'),
+        ("api/attention", None, 400, "Give the text"),
+        ("nowhere", None, 404, "Not found: /nowhere"),
+        ("nowhere", {"text": "x"}, 404, "Not found: /nowhere"),
+    ],
+)
+def test_bad_requests_are_answered_in_json(serve, path, data, status, message):
+    server = serve()
+    got, kind, body = request(server.url + path, data=data)
+    assert (got, kind) == (status, "application/json; charset=utf-8")
+    assert message in json.loads(body)["error"]
+
+
+def test_a_model_failure_is_a_json_500_with_its_message(serve, tiny_bert_dir, capsys):
+    server = serve(open_model(tiny_bert_dir))  # a fresh model: jax and tensorflow check the budget as they trace
+    set_max_scores_bytes(16)  # the real model refuses to materialise its scores
+    try:
+        status, kind, body = request(server.url + "api/attention", data={"text": "the cat sat"})
+    finally:
+        set_max_scores_bytes(None)
+    assert (status, kind) == (500, "application/json; charset=utf-8")
+    error = json.loads(body)["error"]
+    assert error.startswith("The model failed on this text: MemoryError: Explicit attention would allocate")
+    assert "\n" not in error
+    assert f"attnkit explore: {error}" in capsys.readouterr().err
+    assert request(server.url + "api/attention", data={"text": "the cat sat"})[0] == 200  # and it recovers
+
+
+def test_an_oversized_request_and_a_foreign_host_are_refused(serve):
+    server = serve()
+    status, _, body = request(server.url + "api/attention", data=b"x", headers={"Content-Length": str(2 << 20)})
+    assert status == 413 and "at most 1048576" in json.loads(body)["error"]
+    status, _, body = request(server.url + "api/attention?text=x", headers={"Host": "evil.example:80"})
+    assert status == 403 and "Host 'evil.example:80' refused" in json.loads(body)["error"]
+
+
+def test_binds_the_loopback_address_only(serve):
+    server = serve()
+    host, port = server.server_address
+    assert (host, server.url) == ("127.0.0.1", f"http://127.0.0.1:{port}/")
+    assert port != 0
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    # 127.0.0.2 is this machine too; a server bound to every address (0.0.0.0) would answer there.
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.2", port), timeout=5).close()
+
+
+def test_a_busy_port_is_an_error(serve, tiny_source):
+    server = serve()
+    with pytest.raises(OSError):
+        ExplorerServer(tiny_source, server.server_address[1])
