@@ -16,6 +16,7 @@ The directory itself is not swapped: it may hold the user's other files (or be "
 """
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -93,17 +94,20 @@ def replace_files(directory, writers):
     """
     check_replaceable(directory, writers)
     os.makedirs(directory, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory)
+    staging = None
     try:
+        staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory)
         for name, write in writers.items():
             path = os.path.join(staging, name)
             write(path)
             _fsync(path)
-        _fsync(staging)
+        _fsync(staging, directory=True)
         with _signals_held():
             _commit(directory, staging, list(writers))
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            with _signals_held():  # a second Ctrl-C must not leave half the staging directory
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 def _commit(directory, staging, names):
@@ -117,7 +121,7 @@ def _commit(directory, staging, names):
                 _keep(target, os.path.join(backup, name))
             os.replace(os.path.join(staging, name), target)
             replaced.append((name, had_old))
-        _fsync(directory)
+        _fsync(directory, directory=True)
     except BaseException as error:
         try:
             for name, had_old in reversed(replaced):
@@ -137,24 +141,28 @@ def _commit(directory, staging, names):
     shutil.rmtree(backup, ignore_errors=True)
 
 
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV}
+
+
 def _keep(path, backup):
     """A second name for the old file `path`, so it survives its replacement until the commit ends."""
     try:
         os.link(path, backup)
-    except OSError:  # a filesystem without hard links
+    except OSError as e:
+        if e.errno not in _NO_HARD_LINKS:
+            raise
         shutil.copy2(path, backup)
 
 
-def _fsync(path):
-    """Flushes a file's data, or a directory's entries, to the disk (a no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+def _fsync(path, directory=False):
+    """Flushes a file's data, or a directory's entries, to the disk. A failure is an error, but for a
+    directory on a filesystem that does not support it (EINVAL, ENOTSUP)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a directory
-        pass
+    except OSError as e:
+        if not (directory and e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
+            raise
     finally:
         os.close(fd)
 
