@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import time
+import zipfile
 from dataclasses import dataclass
 
 import keras
@@ -187,6 +188,8 @@ class DateTranslator:
                 raise FileNotFoundError(f"No {name} in model directory {directory!r}: was it written by `attnkit train`?")
         meta_path, model_path = os.path.join(directory, META_FILE), os.path.join(directory, MODEL_FILE)
         alphabet, source_length, digest = _read_meta(meta_path)
+        if not zipfile.is_zipfile(model_path):
+            raise ValueError(f"{model_path}: not a Keras model archive (truncated or corrupt?)")
         if digest is not None and digest != _sha256(model_path):
             raise ValueError(
                 f"{meta_path}: `model_sha256` does not match {model_path}: the two files are not from the same "
@@ -278,12 +281,7 @@ def _sha256(path):
 
 
 def _load_model(path):
-    """`keras.saving.load_model`, with a damaged file named as such (Keras says "File not found" for
-    a file that is not a zip archive)."""
-    import zipfile
-
-    if not zipfile.is_zipfile(path):
-        raise ValueError(f"{path}: not a Keras model archive (truncated or corrupt?)")
+    """`keras.saving.load_model`, with a damaged file named as such."""
     try:
         return keras.saving.load_model(path)
     except (ValueError, TypeError, OSError, KeyError, zipfile.BadZipFile, EOFError) as e:
