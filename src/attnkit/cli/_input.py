@@ -65,7 +65,7 @@ def read_texts(args):
 def note_no_texts(args):
     """Says on stderr that the input held no texts (the commands then print no results, exit 0)."""
     source = "stdin" if args.input in (None, "-") else args.input
-    print(f"attnkit: note: {source} held no texts; nothing to do", file=sys.stderr)
+    print(f"attnkit: note: {source} held no texts", file=sys.stderr)
 
 
 _ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
