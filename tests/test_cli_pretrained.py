@@ -87,16 +87,17 @@ def test_embed_refuses_to_overwrite_without_force(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["embed"], "no texts: give them as arguments, or one per line with --input FILE (- for stdin)"),
+        (["embed"], "no texts: give them as arguments, one per line with --input FILE, or on stdin"),
         (["embed", "a", "--input", "-"], "give texts as arguments or with --input, not both"),
         (["embed", "a", "--output", "out.csv"], "--output must end in .npy or .jsonl. Received: out.csv"),
-        (["similarity", "only one"], "similarity needs at least two texts"),
+        (["similarity"], "no texts: give them as arguments, one per line with --input FILE, or on stdin"),
         (["heads", "a b", "--layer", "6"], "--layer must be in [-6, 5] (0 = first, -1 = last) for this 6-layer model. Received: 6"),
         (["heads", "a b", "--output", "heads.jpg"], "--output must end in .png. Received: heads.jpg"),
     ],
 )
 def test_usage_errors(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", type("Terminal", (io.StringIO,), {"isatty": lambda self: True})())
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == f"attnkit: error: {message}\n"
 

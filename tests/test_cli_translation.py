@@ -29,23 +29,35 @@ def one_line_error(capsys):
     return err
 
 
+def flagged(output):
+    """What `translate` prints for a model output: the date, or the not-a-date marker."""
+    from attnkit.tasks.dates import is_iso_date
+
+    return output if is_iso_date(output) else f"<not a date: {output}>"
+
+
+def is_date(output):
+    return flagged(output) == output
+
+
 def test_train_writes_a_model_that_translate_reloads(model_dir, capsys):
     assert sorted(os.listdir(model_dir)) == ["model.keras", "translator.json"]
     texts = ["March 3, 2021", "3/3/21"]
-    assert cli.main(["translate", "--model", str(model_dir), *texts]) == 0
-    lines = capsys.readouterr().out.splitlines()
     expected = DateTranslator.load(model_dir).translate(texts)
-    assert lines == [f"{t}\t{o}" for t, o in zip(texts, expected)]
+    status = cli.main(["translate", "--model", str(model_dir), *texts])
+    assert status == (0 if all(map(is_date, expected)) else 1)  # a one-epoch model: likely no dates
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"{t}\t{flagged(o)}" for t, o in zip(texts, expected)]
 
 
 def test_translate_reads_a_file_and_stdin(model_dir, tmp_path, monkeypatch, capsys):
     source = tmp_path / "in.txt"
     source.write_text("March 3, 2021\n\n3/3/21\n", encoding="utf-8")
-    assert cli.main(["translate", "--model", str(model_dir), "--input", str(source)]) == 0
-    from_file = capsys.readouterr().out.splitlines()
-    assert [line.split("\t")[0] for line in from_file] == ["March 3, 2021", "3/3/21"]
+    cli.main(["translate", "--model", str(model_dir), "--input", str(source)])
+    from_file = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [row[0] for row in from_file] == ["March 3, 2021", "", "3/3/21"] and from_file[1][1] == "<empty>"
     monkeypatch.setattr(sys, "stdin", io.StringIO("March 3, 2021\n3/3/21\n"))
-    assert cli.main(["translate", "--model", str(model_dir), "--input", "-", "--beam", "2"]) == 0
+    cli.main(["translate", "--model", str(model_dir), "--input", "-", "--beam", "2"])
     assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == ["March 3, 2021", "3/3/21"]
 
 
@@ -74,7 +86,6 @@ def test_demo_writes_the_picture_and_the_model(tmp_path, capsys):
         (["translate", "--model", "DIR", "x", "--bogus"], "unrecognized arguments: --bogus"),
         (["translate", "--model", "/no/such/dir", "March 3, 2021"], "model directory /no/such/dir does not exist"),
         (["translate", "--model", "DIR", "--input", "/no/such/file.txt"], "cannot read --input /no/such/file.txt"),
-        (["translate", "--model", "DIR"], "nothing to translate"),
         (["translate", "--model", "DIR", "a", "--input", "f"], "not both"),
         (["train", "--epochs", "0", "--output-dir", "x"], "must be a positive integer"),
         (["train", "--d-model", "10", "--heads", "4", "--output-dir", "x"], "must be a multiple of --heads"),

@@ -79,3 +79,28 @@ def test_cross_attention_weights_cover_every_output_step(trained):
     real = len("March 3, 2021")
     np.testing.assert_allclose(cross[-1][0, :, :, :real].sum(-1), 1.0, atol=1e-5)  # padding gets nothing
     assert np.abs(cross[-1][0, :, :, real:]).max() == 0.0
+
+
+def test_the_command_prints_dates_scores_and_flags_line_for_line(trained, tmp_path, capsys):
+    """On a model that learned the task: every date comes out on its input's line with the model's
+    probability; the exit status is 0 only when every line holds a date."""
+    import math
+
+    from attnkit import cli
+    from attnkit.tasks.dates import is_iso_date
+
+    translator, validation = trained[0], trained[1]
+    translator.save(tmp_path / "model")
+    texts = [s for s, _ in validation[:12]]
+    outputs, scores = translator.translate(texts, return_scores=True)
+    status = cli.main(["translate", "--model", str(tmp_path / "model"), "--scores", *texts])
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [row[0] for row in rows] == texts
+    assert [row[1] for row in rows] == [o if is_iso_date(o) else f"<not a date: {o}>" for o in outputs]
+    np.testing.assert_allclose([float(row[2]) for row in rows], np.exp(scores), rtol=1e-3)
+    assert sum(is_iso_date(row[1]) for row in rows) >= 10
+    assert status == (0 if all(map(is_iso_date, outputs)) else 1)
+    assert all(0 < float(row[2]) <= 1 for row in rows) and not math.isnan(float(rows[0][2]))
+    assert cli.main(["translate", "--model", str(tmp_path / "model"), texts[0], "", texts[1]]) == 1
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [row[1] for row in rows][1] == "<empty>" and len(rows) == 3

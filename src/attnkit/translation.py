@@ -4,19 +4,22 @@
 `fit` (and its progress bar); `save`/`load` round-trip it through a directory:
 
     model.keras        the Keras model (weights and config)
-    translator.json    the tokenizer alphabet and the sequence lengths
+    translator.json    the tokenizer alphabet, the source length and model.keras's SHA-256
 
 Legend: N examples, S source length, T target length (including the start or end token).
 """
 
+import hashlib
 import json
 import os
 import time
+import zipfile
 from dataclasses import dataclass
 
 import keras
 import numpy as np
 
+from attnkit._atomic_save import replace_files
 from attnkit.distributed import data_parallel_plan, single_device_plan
 from attnkit.models.decoding import beam_search, greedy_decode
 from attnkit.models.transformer import Transformer
@@ -45,40 +48,90 @@ class TrainConfig:
 
 
 class DateTranslator:
-    """A trained `Transformer` with its tokenizer: text in, ISO date out."""
+    """A trained `Transformer` with its tokenizer: text in, ISO date out.
+
+    Args:
+        model: an attnkit `Transformer` whose vocabularies are the tokenizer's, whose encoder takes
+            `source_length` tokens, whose padding id is the tokenizer's, and whose decoder can emit a
+            date and its end token.
+        tokenizer: a `dates.CharTokenizer`.
+        source_length: S, the encoder's input length.
+
+    Raises:
+        TypeError: a `model` that is not a `Transformer`.
+        ValueError: a model that does not match the tokenizer or `source_length`, naming the field.
+    """
 
     def __init__(self, model, tokenizer, source_length):
+        _check_model(model, tokenizer, source_length)
         self.model, self.tokenizer, self.source_length = model, tokenizer, source_length
 
     def encode_sources(self, texts):
-        """Texts -> (N, S) source ids; a text longer than `source_length` raises ValueError.
+        """Texts -> (N, S) source ids; an empty or too long text raises ValueError naming it.
 
         Characters outside the tokenizer's alphabet become the unknown token (id 3), which the model saw
-        in no training example: the output for such a text is a guess, not an error.
+        in no training example: the output for such a text is a guess, not an error
+        (`unknown_characters` finds them).
         """
-        for text in texts:
+        texts = _check_texts(texts)
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise ValueError(
+                    f"Input {i} ({text!r}) is empty or only whitespace: there is no date to translate"
+                )
             if len(text) > self.source_length:
                 raise ValueError(
                     f"Input {text!r} has {len(text)} characters; the model takes at most {self.source_length}"
                 )
+        if not texts:
+            return np.zeros((0, self.source_length), np.int32)
         return self.tokenizer.encode_batch(texts, self.source_length)
 
-    def translate(self, texts, *, beam_size=1, return_attention_weights=False, batch_size=256):
-        """Translates a list of texts. Returns the list of outputs (and, when asked, the `Decoded`s)."""
-        outputs, results = [], []
+    def unknown_characters(self, text):
+        """The characters of `text` outside the tokenizer's alphabet, each once, in order of appearance."""
+        return "".join(dict.fromkeys(c for c in text if c not in self.tokenizer.ids))
+
+    def translate(self, texts, *, beam_size=1, return_scores=False, return_attention_weights=False, batch_size=256):
+        """Translates a list of texts: one output per text, in order (an empty list gives []).
+
+        Args:
+            texts: a list of N non-empty strings of at most `source_length` characters.
+            beam_size: 1 for greedy decoding, K > 1 for beam search.
+            return_scores: also return each output's log-probability under the model (N,) float64:
+                the sum of the log-softmax of every generated token, the end token included.
+            return_attention_weights: also return the `Decoded` of every batch (greedy only).
+            batch_size: texts per decoding batch.
+
+        Returns:
+            The list of N output strings; with `return_scores`, (outputs, scores); with
+            `return_attention_weights`, the list of `Decoded`s last.
+
+        Raises:
+            ValueError: an empty or too long text, naming it.
+        """
+        outputs, scores, results = [], [], []
         tok = self.tokenizer
+        texts = _check_texts(texts)
+        source = self.encode_sources(texts)  # every text checked before any decoding
         for i in range(0, len(texts), batch_size):
-            source = self.encode_sources(texts[i:i + batch_size])
             if beam_size > 1:
-                result = beam_search(self.model, source, beam_size=beam_size, start_id=tok.START, end_id=tok.END)
+                result = beam_search(
+                    self.model, source[i:i + batch_size], beam_size=beam_size, start_id=tok.START, end_id=tok.END
+                )
             else:
                 result = greedy_decode(
-                    self.model, source, start_id=tok.START, end_id=tok.END,
+                    self.model, source[i:i + batch_size], start_id=tok.START, end_id=tok.END,
                     return_attention_weights=return_attention_weights,
                 )
             outputs += [tok.decode(ids) for ids in result.ids]
+            scores.append(result.scores)
             results.append(result)
-        return (outputs, results) if return_attention_weights else outputs
+        returned = [outputs]
+        if return_scores:
+            returned.append(np.concatenate(scores) if scores else np.zeros(0))
+        if return_attention_weights:
+            returned.append(results)
+        return tuple(returned) if len(returned) > 1 else outputs
 
     def exact_match(self, pairs, **kwargs):
         """The fraction of (source, target) pairs translated exactly."""
@@ -86,37 +139,113 @@ class DateTranslator:
         return float(np.mean([p == t for p, (_, t) in zip(predicted, pairs)]))
 
     def save(self, directory, *, overwrite=False):
-        """Writes model.keras and translator.json into `directory` (refuses to overwrite unless asked)."""
-        os.makedirs(directory, exist_ok=True)
+        """Writes model.keras and translator.json into `directory` (refuses to overwrite unless asked).
+
+        Both files are written aside and renamed into place together: an interrupt leaves the previous
+        pair or the new one (`attnkit._atomic_save`, docs/decisions.md item 23).
+
+        Raises:
+            FileExistsError: a file already there without `overwrite`.
+            ValueError: an existing model.keras or translator.json that is not a regular file.
+            OSError: a file that cannot be written (the previous files are kept).
+        """
         for name in (MODEL_FILE, META_FILE):
             path = os.path.join(directory, name)
-            if os.path.exists(path) and not overwrite:
+            if os.path.lexists(path) and not overwrite:
                 raise FileExistsError(f"{path} exists; pass overwrite=True (--force) to replace it")
-        self.model.save(os.path.join(directory, MODEL_FILE))
-        meta = {"alphabet": self.tokenizer.alphabet, "source_length": self.source_length}
-        with open(os.path.join(directory, META_FILE), "w") as f:
-            json.dump(meta, f, indent=2)
+        replace_files(directory, self.writers())
+
+    def writers(self):
+        """{file name: function writing it at a path}, in the order `save` writes them (model first:
+        translator.json records its SHA-256)."""
+
+        def write_meta(path):
+            meta = {
+                "alphabet": self.tokenizer.alphabet,
+                "source_length": self.source_length,
+                "model_sha256": _sha256(os.path.join(os.path.dirname(path), MODEL_FILE)),
+            }
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(meta, f, indent=2)
+
+        return {MODEL_FILE: self.model.save, META_FILE: write_meta}
 
     @classmethod
     def load(cls, directory):
-        """Reads a directory written by `save`.
+        """Reads a directory written by `save`, and checks translator.json against model.keras.
 
         Raises:
             FileNotFoundError: a missing model.keras or translator.json, naming it.
-            ValueError: a translator.json that is not valid JSON or lacks its keys, or a model.keras
-                that Keras cannot read (truncated or corrupt), naming the file and the problem.
+            ValueError: a translator.json that is not valid JSON, lacks a field, has an unknown one, or
+                has a field that does not match the model (the alphabet's size against the
+                vocabularies, source_length against the encoder's length, model_sha256 against
+                model.keras); a model.keras that Keras cannot read or that is not a date translator.
+                The message names the file and the field.
         """
         for name in (MODEL_FILE, META_FILE):
             path = os.path.join(directory, name)
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"No {name} in model directory {directory!r}: was it written by `attnkit train`?")
-        alphabet, source_length = _read_meta(os.path.join(directory, META_FILE))
-        model = _load_model(os.path.join(directory, MODEL_FILE))
-        return cls(model, dates.CharTokenizer(alphabet), source_length)
+        meta_path, model_path = os.path.join(directory, META_FILE), os.path.join(directory, MODEL_FILE)
+        alphabet, source_length, digest = _read_meta(meta_path)
+        if not zipfile.is_zipfile(model_path):
+            raise ValueError(f"{model_path}: not a Keras model archive (truncated or corrupt?)")
+        if digest is not None and digest != _sha256(model_path):
+            raise ValueError(
+                f"{meta_path}: `model_sha256` does not match {model_path}: the two files are not from the same "
+                "save (an interrupted copy, or one of them replaced)"
+            )
+        model = _load_model(model_path)
+        if not isinstance(model, Transformer):
+            raise ValueError(f"{model_path}: holds a {type(model).__name__}, not an attnkit Transformer")
+        tokenizer = dates.CharTokenizer(alphabet)
+        try:
+            _check_model(model, tokenizer, source_length)
+        except ValueError as e:
+            raise ValueError(f"{meta_path} does not match {model_path}: {e}") from None
+        return cls(model, tokenizer, source_length)
+
+
+META_FIELDS = ("alphabet", "source_length", "model_sha256")  # model_sha256: absent in older saves
+
+
+def _check_texts(texts):
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, (list, tuple)):
+        raise TypeError(f"`texts` must be a list of strings. Received: texts of type {type(texts).__name__}")
+    wrong = sorted({type(t).__name__ for t in texts if not isinstance(t, str)})
+    if wrong:
+        raise TypeError(f"`texts` must be a list of strings. Received: list with items of type {wrong}")
+    return list(texts)
+
+
+def _check_model(model, tokenizer, source_length):
+    """Refuses a model that does not fit the tokenizer and source length (docs/decisions.md item 24)."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"`model` must be an attnkit Transformer. Received: model of type {type(model).__name__}")
+    V = tokenizer.vocab_size
+    for side in ("encoder", "decoder"):
+        vocab_size = getattr(model, side).vocab_size
+        if vocab_size != V:
+            raise ValueError(
+                f"`alphabet` has {len(tokenizer.alphabet)} characters, so {V} token ids with the "
+                f"{len(tokenizer.SPECIALS)} special ones, but the model's {side} has a vocabulary of {vocab_size}"
+            )
+    if source_length != model.encoder.sequence_length:
+        raise ValueError(
+            f"`source_length` is {source_length} but the model's encoder takes "
+            f"{model.encoder.sequence_length} tokens (enc_seq_length)"
+        )
+    if model.pad_id != tokenizer.PAD:
+        raise ValueError(f"the model's pad_id is {model.pad_id} but the tokenizer pads with {tokenizer.PAD}")
+    if model.decoder.sequence_length < TARGET_LENGTH - 1:
+        raise ValueError(
+            f"the model's decoder emits at most {model.decoder.sequence_length} tokens (dec_seq_length); a date and "
+            f"its end token take {TARGET_LENGTH - 1}"
+        )
 
 
 def _read_meta(path):
-    """translator.json's (alphabet, source_length), checked."""
+    """translator.json's (alphabet, source_length, model_sha256 or None), each field checked."""
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
@@ -124,24 +253,35 @@ def _read_meta(path):
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: expected a JSON object with alphabet and source_length. Received: {type(meta).__name__}")
-    missing = [key for key in ("alphabet", "source_length") if key not in meta]
+    missing = [key for key in META_FIELDS[:2] if key not in meta]
     if missing:
         raise ValueError(f"{path}: missing {' and '.join(missing)}; it should be the file `attnkit train` writes")
-    alphabet, source_length = meta["alphabet"], meta["source_length"]
+    unknown = [key for key in meta if key not in META_FIELDS]
+    if unknown:
+        raise ValueError(f"{path}: unknown field {', '.join(map(repr, unknown))}; the fields are {', '.join(META_FIELDS)}")
+    alphabet, source_length, digest = meta["alphabet"], meta["source_length"], meta.get("model_sha256")
     if not isinstance(alphabet, str) or not alphabet:
         raise ValueError(f"{path}: `alphabet` must be a non-empty string. Received: alphabet={alphabet!r}")
+    repeated = "".join(c for c in dict.fromkeys(alphabet) if alphabet.count(c) > 1)
+    if repeated:
+        raise ValueError(f"{path}: `alphabet` must not repeat a character. Received: {repeated!r} more than once")
     if isinstance(source_length, bool) or not isinstance(source_length, int) or source_length <= 0:
         raise ValueError(f"{path}: `source_length` must be a positive integer. Received: source_length={source_length!r}")
-    return alphabet, source_length
+    if digest is not None and not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= set("0123456789abcdef")):
+        raise ValueError(f"{path}: `model_sha256` must be 64 lowercase hex digits. Received: model_sha256={digest!r}")
+    return alphabet, source_length, digest
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _load_model(path):
-    """`keras.saving.load_model`, with a damaged file named as such (Keras says "File not found" for
-    a file that is not a zip archive)."""
-    import zipfile
-
-    if not zipfile.is_zipfile(path):
-        raise ValueError(f"{path}: not a Keras model archive (truncated or corrupt?)")
+    """`keras.saving.load_model`, with a damaged file named as such."""
     try:
         return keras.saving.load_model(path)
     except (ValueError, TypeError, OSError, KeyError, zipfile.BadZipFile, EOFError) as e:

@@ -1,4 +1,8 @@
-"""Reading texts one per line, from a file or stdin, the same way for every command."""
+"""Reading texts one per line, from arguments, a file or stdin, the same way for every command.
+
+The line-for-line rule (docs/decisions.md item 26): every command that takes texts answers each one,
+in order, with exactly one result, and N texts give N results for every N, 0 included.
+"""
 
 import sys
 
@@ -37,3 +41,46 @@ def read_lines(source):
             f"cannot read --input {name}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
         ) from None
     return split_lines(text)
+
+
+def read_texts(args):
+    """The texts of a command: its arguments, `--input FILE` (`-` for stdin), or stdin when neither is
+    given and stdin is not a terminal (the Unix convention: `echo "3/3/21" | attnkit translate ...`).
+
+    Raises:
+        CommandError: both arguments and --input, or nothing given while stdin is a terminal.
+    """
+    if args.texts and args.input:
+        raise CommandError("give texts as arguments or with --input, not both")
+    if args.input:
+        return read_lines(args.input)  # one text per "\n"-separated line, blank lines included
+    if args.texts:
+        return list(args.texts)
+    stdin = sys.stdin
+    if stdin is None or stdin.isatty():
+        raise CommandError("no texts: give them as arguments, one per line with --input FILE, or on stdin")
+    return read_lines("-")
+
+
+def note_no_texts(args):
+    """Says on stderr that the input held no texts (the commands then print no results, exit 0)."""
+    source = "stdin" if args.input in (None, "-") else args.input
+    print(f"attnkit: note: {source} held no texts", file=sys.stderr)
+
+
+_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+_LINE_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines also breaks on these
+
+
+def field(text):
+    r"""`text` as one tab-separated field on one line: backslash, tab, CR and LF written as \\, \t, \r,
+    \n, and the other characters line splitters break on as \xNN or \uNNNN; other text unchanged."""
+    out = []
+    for c in text:
+        if c in _ESCAPES:
+            out.append(_ESCAPES[c])
+        elif c in _LINE_BREAKS:
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return "".join(out)

@@ -2,11 +2,11 @@
 
 import contextlib
 import json
-import os
 import sys
 import warnings
 
-from attnkit.cli._input import read_lines
+from attnkit.cli._input import field, note_no_texts, read_texts
+from attnkit.cli._output import check_output_file, write_output_file
 from attnkit.cli.errors import CommandError, positive_int
 
 PROGRESS_FROM = 256  # `embed` shows a progress bar from this many texts (when writing to a file)
@@ -16,21 +16,6 @@ def _load(args):
     from attnkit.models.pretrained import load_pretrained
 
     return load_pretrained(args.model)
-
-
-def _refuse_overwrite(path, force):
-    if os.path.exists(path) and not force:
-        raise CommandError(f"{path} already exists; pass --force to overwrite it")
-
-
-def _read_texts(args):
-    if args.texts and args.input:
-        raise CommandError("give texts as arguments or with --input, not both")
-    if args.input:
-        return read_lines(args.input)  # one text per "\n"-separated line, blank lines included
-    if not args.texts:
-        raise CommandError("no texts: give them as arguments, or one per line with --input FILE (- for stdin)")
-    return list(args.texts)
 
 
 @contextlib.contextmanager
@@ -55,24 +40,29 @@ def _embed(args):
     if args.output and not args.output.lower().endswith((".npy", ".jsonl")):
         raise CommandError(f"--output must end in .npy or .jsonl. Received: {args.output}")
     if args.output:
-        _refuse_overwrite(args.output, args.force)
-    texts = _read_texts(args)
+        check_output_file(args.output, args.force)
+    texts = read_texts(args)
     encoder = _load(args)
+    if not texts:
+        note_no_texts(args)  # then an empty result: a (0, d_model) .npy, an empty .jsonl, no lines
     progress = args.output is not None and len(texts) >= PROGRESS_FROM
     embeddings = _encode(encoder, texts, batch_size=args.batch_size, progress=progress)  # (N, d_model)
-    if args.output and args.output.lower().endswith(".npy"):
-        with open(args.output, "wb") as f:  # np.save(path) would append ".npy" to "X.NPY"
-            np.save(f, embeddings)
-    else:
-        lines = (_json_line({"text": t, "embedding": e.tolist()}) for t, e in zip(texts, embeddings))
-        if args.output:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.writelines(line + "\n" for line in lines)
+    lines = (_json_line({"text": t, "embedding": e.tolist()}) for t, e in zip(texts, embeddings))
+    if not args.output:
+        for line in lines:
+            print(line)
+        return 0
+
+    def write(path):  # beside args.output, then renamed onto it
+        if args.output.lower().endswith(".npy"):
+            with open(path, "wb") as f:  # np.save(path) would append ".npy" to "X.NPY"
+                np.save(f, embeddings)
         else:
-            for line in lines:
-                print(line)
-    if args.output:
-        print(f"wrote {len(texts)} embeddings of size {encoder.d_model} to {args.output}", file=sys.stderr)
+            with open(path, "w", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in lines)
+
+    write_output_file(args.output, write)
+    print(f"wrote {len(texts)} embeddings of size {encoder.d_model} to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -85,19 +75,21 @@ def _json_line(record):
 
 
 def _similarity(args):
-    if len(args.texts) < 2:
-        raise CommandError("similarity needs at least two texts")
+    texts = read_texts(args)
     encoder = _load(args)
-    embeddings = _encode(encoder, list(args.texts))  # (N, d_model), unit vectors
+    if not texts:
+        note_no_texts(args)
+        return 0
+    embeddings = _encode(encoder, texts)  # (N, d_model), unit vectors
     similarity = embeddings @ embeddings.T  # (N, N) cosines
-    labels = [f"[{i}]" for i in range(len(args.texts))]
+    labels = [f"[{i}]" for i in range(len(texts))]
     width = max(6, max(map(len, labels)))
     print(" " * width + "".join(label.rjust(width + 1) for label in labels))
     for label, row in zip(labels, similarity):
         print(label.ljust(width) + "".join(f"{value:.3f}".rjust(width + 1) for value in row))
     print()
-    for label, text in zip(labels, args.texts):
-        print(f"{label} {text if len(text) <= 70 else text[:67] + '...'}")
+    for label, text in zip(labels, texts):
+        print(f"{label} {field(text if len(text) <= 70 else text[:67] + '...')}")
     return 0
 
 
@@ -106,7 +98,7 @@ def _heads(args):
 
     if not args.output.lower().endswith(".png"):
         raise CommandError(f"--output must end in .png. Received: {args.output}")
-    _refuse_overwrite(args.output, args.force)
+    check_output_file(args.output, args.force)
     encoder = _load(args)
     if not -encoder.n <= args.layer < encoder.n:
         raise CommandError(
@@ -117,8 +109,8 @@ def _heads(args):
         tokens = encoder.tokens(args.sentence)
         weights = encoder.attentions(args.sentence)[args.layer]  # (h, T, T)
     layer = args.layer % encoder.n
-    plot_attention(weights, tokens, tokens, title=f"layer {layer}: attention of each head (rows attend to columns)",
-                   path=args.output)
+    title = f"layer {layer}: attention of each head (rows attend to columns)"
+    write_output_file(args.output, lambda path: plot_attention(weights, tokens, tokens, title=title, path=path))
     print(f"wrote {encoder.h} heads of layer {layer} over {len(tokens)} tokens to {args.output}", file=sys.stderr)
     return 0
 
@@ -131,7 +123,7 @@ def _add_model_option(parser):
 def add_commands(commands):
     """Adds embed, similarity and heads to the `attnkit` subcommands."""
     embed = commands.add_parser("embed", help="sentence embeddings of texts, to .npy or JSON lines")
-    embed.add_argument("texts", nargs="*", help="texts to embed (or use --input)")
+    embed.add_argument("texts", nargs="*", help="texts to embed (default: one per line from stdin)")
     embed.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
     embed.add_argument("--output", metavar="PATH", help="X.npy (N, d_model) or X.jsonl; default JSON lines on stdout")
     embed.add_argument("--force", action="store_true", help="overwrite an existing output file")
@@ -140,7 +132,8 @@ def add_commands(commands):
     embed.set_defaults(run=_embed)
 
     similarity = commands.add_parser("similarity", help="cosine similarities of texts, as a table")
-    similarity.add_argument("texts", nargs="+", help="two or more texts")
+    similarity.add_argument("texts", nargs="*", help="texts to compare (default: one per line from stdin)")
+    similarity.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
     _add_model_option(similarity)
     similarity.set_defaults(run=_similarity)
 

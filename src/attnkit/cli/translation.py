@@ -7,10 +7,12 @@
 User errors raise `CommandError`, printed as one line.
 """
 
+import math
 import os
+import sys
 import time
 
-from attnkit.cli._input import read_lines
+from attnkit.cli._input import field, note_no_texts, read_texts
 from attnkit.cli.errors import CommandError, non_negative_int, positive_int
 
 PLOT_FILE = "cross_attention.png"
@@ -28,10 +30,11 @@ def add_commands(commands):
     train.set_defaults(run=_train)
 
     translate = commands.add_parser("translate", help="translate texts with a model saved by train or demo")
-    translate.add_argument("texts", nargs="*", help="texts to translate (or use --input)")
+    translate.add_argument("texts", nargs="*", help="texts to translate (default: one per line from stdin)")
     translate.add_argument("--model", metavar="DIR", required=True, help="directory written by train or demo")
     translate.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
     translate.add_argument("--beam", type=positive_int, default=1, help="beam size; 1 = greedy (default)")
+    translate.add_argument("--scores", action="store_true", help="a third column: the model's probability of its output")
     translate.set_defaults(run=_translate)
 
 
@@ -71,7 +74,10 @@ def _config(args):
 
 
 def _check_output_dir(directory, force, names):
-    """Refuses, before any training, an output directory that could not be written or would overwrite files."""
+    """Refuses, before any training, an output directory where the files could not be saved: one that
+    cannot be created or written (proved by writing a file there), an existing output without --force,
+    or one that is not a regular file even with --force. Returns the directories it created."""
+    from attnkit._atomic_save import check_replaceable, probe_writable
     from attnkit.translation import META_FILE, MODEL_FILE
 
     if not directory:
@@ -83,12 +89,32 @@ def _check_output_dir(directory, force, names):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise CommandError(f"--output-dir {directory} cannot be created: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise CommandError(f"--output-dir {directory} cannot be written: no permission to write in {existing}")
-    for name in (MODEL_FILE, META_FILE, *names):
+    names = (MODEL_FILE, META_FILE, *names)
+    try:
+        check_replaceable(directory, names)
+    except ValueError as e:
+        raise CommandError(f"--output-dir: {e}") from None
+    for name in names:
         path = os.path.join(directory, name)
-        if os.path.exists(path) and not force:
+        if os.path.lexists(path) and not force:
             raise CommandError(f"{path} already exists; pass --force to overwrite it")
+    try:
+        return probe_writable(directory)
+    except OSError as e:
+        raise CommandError(f"--output-dir {directory} cannot be written: {e.strerror or e}") from None
+
+
+def _with_output_dir(args, names, run):
+    """`run(args)` after `_check_output_dir`; directories the check created are removed again (when
+    still empty) if the run fails or is interrupted."""
+    from attnkit._atomic_save import remove_created
+
+    created = _check_output_dir(args.output_dir, args.force, names)
+    try:
+        return run(args)
+    except BaseException:
+        remove_created(created)
+        raise
 
 
 def _fit(args):
@@ -102,7 +128,10 @@ def _fit(args):
 
 
 def _train(args):
-    _check_output_dir(args.output_dir, args.force, ())
+    return _with_output_dir(args, (), _run_train)
+
+
+def _run_train(args):
     translator, validation, seconds = _fit(args)
     accuracy = translator.exact_match(validation)
     translator.save(args.output_dir, overwrite=args.force)
@@ -112,11 +141,15 @@ def _train(args):
 
 
 def _demo(args):
+    return _with_output_dir(args, (PLOT_FILE,), _run_demo)
+
+
+def _run_demo(args):
     import keras
 
+    from attnkit._atomic_save import replace_files
     from attnkit.viz import plot_attention
 
-    _check_output_dir(args.output_dir, args.force, (PLOT_FILE,))
     print(f"attnkit demo: a Transformer learns to normalise dates (backend: {keras.backend.backend()})")
     translator, validation, seconds = _fit(args)
     accuracy = translator.exact_match(validation)
@@ -128,33 +161,65 @@ def _demo(args):
     for (source, target), output in zip(validation, outputs):
         print(f"  {source:<{width}}  ->  {output}  {'ok' if output == target else 'expected ' + target}")
 
-    translator.save(args.output_dir, overwrite=args.force)
     cross = results[0].cross_attention[-1][0]  # last decoder layer, first example: (h, T_out, S)
     source_tokens = list(sources[0])
     output_tokens = translator.tokenizer.display_tokens(results[0].ids[0])  # one per decoding step
     cross = cross[:, : len(output_tokens), : len(source_tokens)]
     plot_path = os.path.join(args.output_dir, PLOT_FILE)
-    plot_attention(
-        cross, source_tokens, output_tokens, path=plot_path,
-        title=f"cross-attention, last decoder layer: {sources[0]!r} -> {outputs[0]!r}",
-    )
+
+    def write_plot(path):
+        plot_attention(
+            cross, source_tokens, output_tokens, path=path,
+            title=f"cross-attention, last decoder layer: {sources[0]!r} -> {outputs[0]!r}",
+        )
+
+    replace_files(args.output_dir, {**translator.writers(), PLOT_FILE: write_plot})  # the three together
     print(f"\ncross-attention picture: {plot_path}")
     print(f"model saved in {args.output_dir}; try: attnkit translate --model {args.output_dir} \"july 4, 1976\"")
     return 0
 
 
 def _translate(args):
+    """One line per input, in order: the input (`field`-escaped), a tab, the ISO date or a <marker>, and
+    with --scores a tab and the model's probability of its output ("-" where nothing was decoded). Exit
+    status 1, with one summary line on stderr, when any line holds a marker (docs/decisions.md item 26)."""
+    from attnkit.tasks.dates import is_iso_date
     from attnkit.translation import DateTranslator
 
-    if args.texts and args.input:
-        raise CommandError("give texts as arguments or with --input, not both")
-    texts = read_lines(args.input) if args.input else args.texts
-    texts = [t for t in texts if t.strip()]
-    if not texts:
-        raise CommandError("nothing to translate: give texts as arguments or with --input")
+    texts = read_texts(args)
     if not os.path.isdir(args.model):
         raise CommandError(f"model directory {args.model} does not exist")
     translator = DateTranslator.load(args.model)
-    for text, output in zip(texts, translator.translate(texts, beam_size=args.beam)):
-        print(f"{text}\t{output}")
+    if not texts:
+        note_no_texts(args)
+        return 0
+    markers = {i: marker for i, text in enumerate(texts) if (marker := _refusal(translator, text))}
+    todo = [i for i in range(len(texts)) if i not in markers]
+    translated, scores = translator.translate([texts[i] for i in todo], beam_size=args.beam, return_scores=True)
+    outputs, probabilities = dict(markers), ["-"] * len(texts)
+    for i, output, score in zip(todo, translated, scores):
+        if not is_iso_date(output):
+            markers[i] = f"<not a date: {field(output)}>"
+        outputs[i] = markers.get(i, output)
+        probabilities[i] = f"{math.exp(score):.4g}"
+    for i, text in enumerate(texts):
+        print(f"{field(text)}\t{outputs[i]}" + (f"\t{probabilities[i]}" if args.scores else ""))
+    if markers:
+        sys.stdout.flush()
+        reasons = [f"{i + 1} {markers[i][1:-1].split(':')[0]}" for i in sorted(markers)]
+        shown = ", ".join(reasons[:5]) + (", ..." if len(reasons) > 5 else "")
+        print(f"attnkit: error: {len(markers)} of {len(texts)} inputs have no date (input {shown})", file=sys.stderr)
+        return 1
     return 0
+
+
+def _refusal(translator, text):
+    """The marker of an input the model cannot translate, or None."""
+    if not text.strip():
+        return "<empty>"
+    if len(text) > translator.source_length:
+        return f"<too long: {len(text)} characters, the model takes at most {translator.source_length}>"
+    unknown = translator.unknown_characters(text)
+    if unknown:
+        return f"<unknown characters: {field(unknown)}>"
+    return None

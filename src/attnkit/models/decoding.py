@@ -76,6 +76,17 @@ def _check(model, source, max_length, start_id, end_id):
     return max_length
 
 
+def _empty(model, source, *, with_weights, greedy=True):
+    """The `Decoded` of an empty batch (0, S): no sequences, so no steps (docs/decisions.md item 25)."""
+    decoder = model.decoder
+    cross = [np.zeros((0, decoder.h, 0, source.shape[1]), np.float32) for _ in range(decoder.n)]
+    return Decoded(
+        np.zeros((0, 0), np.int32), np.zeros(0),
+        np.zeros((0, 0, decoder.vocab_size), np.float32) if greedy else None,
+        cross if with_weights else None,
+    )
+
+
 class _Stepper:
     """Next-token logits for a growing batch of prefixes, cached or not."""
 
@@ -134,11 +145,13 @@ def greedy_decode(model, encoder_input, *, max_length=None, start_id=1, end_id=2
 
     Returns:
         `Decoded` with ids (B, T_out), scores (B,), step_logits (B, T_out, V) and, when asked,
-        cross_attention: n arrays (B, h, T_out, S).
+        cross_attention: n arrays (B, h, T_out, S). An empty batch (B = 0) takes no step: T_out = 0.
     """
     source = _numpy(ops.convert_to_tensor(encoder_input))
     max_length = _check(model, source, max_length, start_id, end_id)
     B, pad_id = source.shape[0], model.pad_id or 0
+    if B == 0:
+        return _empty(model, source, with_weights=return_attention_weights)
     stepper = _Stepper(model, source, use_cache, with_weights=return_attention_weights)
     prefix = np.full((B, 1), start_id, dtype=np.int32)
     done = np.zeros(B, dtype=bool)
@@ -176,6 +189,7 @@ def beam_search(model, encoder_input, *, beam_size=4, max_length=None, start_id=
 
     Returns:
         `Decoded` with ids (B, T_out) and scores (B,) (the total log-probability of the chosen beam).
+        An empty batch (B = 0) takes no step: ids (0, 0), scores (0,).
     """
     source = _numpy(ops.convert_to_tensor(encoder_input))
     max_length = _check(model, source, max_length, start_id, end_id)
@@ -185,6 +199,8 @@ def beam_search(model, encoder_input, *, beam_size=4, max_length=None, start_id=
     if not float(length_penalty) >= 0:
         raise ValueError(f"`length_penalty` must be >= 0. Received: length_penalty={length_penalty}")
     B, pad_id = source.shape[0], model.pad_id or 0
+    if B == 0:
+        return _empty(model, source, with_weights=False, greedy=False)
     stepper = _Stepper(model, source, use_cache, repeat=K)
     prefix = np.full((B * K, 1), start_id, dtype=np.int32)
     scores = np.full((B, K), -np.inf)

@@ -125,3 +125,17 @@ class CharTokenizer:
 
     def get_config(self):
         return {"alphabet": self.alphabet}
+
+
+def is_iso_date(text):
+    """Whether `text` is exactly "YYYY-MM-DD" and a real calendar day ("2021-02-29" is not)."""
+    if not isinstance(text, str) or len(text) != 10 or text[4] != "-" or text[7] != "-":
+        return False
+    digits = text[:4] + text[5:7] + text[8:]
+    if not (digits.isascii() and digits.isdigit()):
+        return False
+    try:
+        datetime.date(int(text[:4]), int(text[5:7]), int(text[8:]))
+    except ValueError:
+        return False
+    return True
