@@ -1,5 +1,6 @@
-"""`attnkit embed`, `similarity` and `heads`: the embedded all-MiniLM-L6-v2 model (or `--model DIR`)."""
+"""`attnkit embed`, `similarity`, `heads` and `export`: the embedded all-MiniLM-L6-v2 model (or `--model DIR`)."""
 
+import argparse
 import contextlib
 import json
 import os
@@ -59,7 +60,9 @@ def _embed(args):
     texts = _read_texts(args)
     encoder = _load(args)
     progress = args.output is not None and len(texts) >= PROGRESS_FROM
-    embeddings = _encode(encoder, texts, batch_size=args.batch_size, progress=progress)  # (N, d_model)
+    embeddings = _encode(
+        encoder, texts, batch_size=args.batch_size, progress=progress, normalize=args.normalize
+    )  # (N, dimension)
     if args.output and args.output.lower().endswith(".npy"):
         with open(args.output, "wb") as f:  # np.save(path) would append ".npy" to "X.NPY"
             np.save(f, embeddings)
@@ -72,7 +75,7 @@ def _embed(args):
             for line in lines:
                 print(line)
     if args.output:
-        print(f"wrote {len(texts)} embeddings of size {encoder.d_model} to {args.output}", file=sys.stderr)
+        print(f"wrote {len(texts)} embeddings of size {encoder.dimension} to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -88,7 +91,7 @@ def _similarity(args):
     if len(args.texts) < 2:
         raise CommandError("similarity needs at least two texts")
     encoder = _load(args)
-    embeddings = _encode(encoder, list(args.texts))  # (N, d_model), unit vectors
+    embeddings = _encode(encoder, list(args.texts), normalize=True)  # (N, dimension), unit vectors: cosines
     similarity = embeddings @ embeddings.T  # (N, N) cosines
     labels = [f"[{i}]" for i in range(len(args.texts))]
     width = max(6, max(map(len, labels)))
@@ -123,8 +126,18 @@ def _heads(args):
     return 0
 
 
+def _export(args):
+    if os.path.lexists(args.output) and not args.force:
+        raise CommandError(f"{args.output} already exists; pass --force to replace it")
+    encoder = _load(args)
+    encoder.save_pretrained(args.output, overwrite=args.force)  # written aside, then renamed into place
+    print(f"wrote the {encoder.family.name} model and its sentence-transformers modules to {args.output}",
+          file=sys.stderr)
+    return 0
+
+
 def _add_model_option(parser):
-    parser.add_argument("--model", metavar="DIR", help="a BERT-architecture model directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--model", metavar="DIR", help="a BERT, DistilBERT, RoBERTa, XLM-R or ELECTRA model directory (default: all-MiniLM-L6-v2)")
 
 
 
@@ -136,6 +149,10 @@ def add_commands(commands):
     embed.add_argument("--output", metavar="PATH", help="X.npy (N, d_model) or X.jsonl; default JSON lines on stdout")
     embed.add_argument("--force", action="store_true", help="overwrite an existing output file")
     embed.add_argument("--batch-size", type=positive_int, default=64, help="texts per forward pass (default 64)")
+    embed.add_argument(
+        "--normalize", action=argparse.BooleanOptionalAction, default=None,
+        help="L2-normalise the embeddings (default: as the model directory says, its Normalize module)",
+    )
     _add_model_option(embed)
     embed.set_defaults(run=_embed)
 
@@ -151,3 +168,11 @@ def add_commands(commands):
     heads.add_argument("--force", action="store_true", help="overwrite an existing output file")
     _add_model_option(heads)
     heads.set_defaults(run=_heads)
+
+    export = commands.add_parser(
+        "export", help="write the model as a Hugging Face directory (transformers, sentence-transformers)"
+    )
+    export.add_argument("output", metavar="DIR", help="the directory to write")
+    export.add_argument("--force", action="store_true", help="replace an existing directory")
+    _add_model_option(export)
+    export.set_defaults(run=_export)
