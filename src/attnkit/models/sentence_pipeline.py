@@ -8,6 +8,7 @@ and mean Pooling, without Normalize, and so does attnkit. Any other module type 
 Legend: N texts, T tokens, d_model the encoder's width, d the embedding width after Dense.
 """
 
+import math
 import os
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ DENSE_ACTIVATIONS = {
     "torch.nn.modules.activation.ReLU": lambda x: np.maximum(x, 0),
     "torch.nn.modules.activation.Sigmoid": lambda x: 1 / (1 + np.exp(-x)),
     "torch.nn.modules.activation.SiLU": lambda x: x / (1 + np.exp(-x)),
+    "torch.nn.modules.activation.GELU": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
 }
 _SENTENCE_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json",
                           "sentence_distilbert_config.json", "sentence_xlm-roberta_config.json")
