@@ -115,11 +115,9 @@ class Checkpoints:
             width = transformer.get_embedding_dimension()
             modules = [transformer, Pooling(width, pooling_mode=mode)]
             if dense is not None:
-                layer = Dense(width * (len(mode) if isinstance(mode, tuple) else 1), 10,
-                              activation_function=getattr(torch.nn, dense)())
-                torch.manual_seed(len(self._made))
-                torch.nn.init.normal_(layer.linear.weight, std=0.5)
-                modules.append(layer)
+                torch.manual_seed(len(self._made))  # nn.Linear's own initialisation, ~1/sqrt(d_in)
+                modules.append(Dense(width * (len(mode) if isinstance(mode, tuple) else 1), 10,
+                                     activation_function=getattr(torch.nn, dense)()))
             if normalize:
                 modules.append(Normalize())
             name = "-".join(str(part) for part in key).replace("(", "").replace(")", "").replace("'", "").replace(", ", "+")
