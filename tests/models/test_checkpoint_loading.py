@@ -122,15 +122,20 @@ def test_pytorch_weights_without_torch_are_refused_clearly(checkpoints, monkeypa
             raise ImportError("No module named 'torch'")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_torch)
-    with pytest.raises(ImportError, match=r"pytorch_model.bin: reading this weights file needs torch"):
-        attnkit.load_pretrained(checkpoints.base("bert", "bin"))
+    from attnkit.models.checkpoints.weights import read_state_dict
+
+    path = checkpoints.base("bert", "bin")
+    monkeypatch.setattr(builtins, "__import__", no_torch)  # only the reading: the torch backend needs torch
+    with pytest.raises(ImportError, match=r"pytorch_model.bin: reading this weights file needs torch \(pip install torch\)"):
+        read_state_dict(path)
 
 
 def test_a_missing_shard_is_named(checkpoints, tmp_path):
     path = _copy(checkpoints.base("electra", "sharded"), tmp_path / "model")
-    os.remove(path / "model-00002-of-00002.safetensors")
-    with pytest.raises(FileNotFoundError, match=r"model.safetensors.index.json: shard 'model-00002-of-00002.safetensors' not found"):
+    with open(path / "model.safetensors.index.json") as f:
+        shard = sorted(set(json.load(f)["weight_map"].values()))[-1]
+    os.remove(path / shard)
+    with pytest.raises(FileNotFoundError, match=rf"model.safetensors.index.json: shard '{shard}' not found"):
         attnkit.load_pretrained(path)
 
 
@@ -229,7 +234,8 @@ def test_export_loads_back_in_transformers_and_sentence_transformers(checkpoints
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         assert max_difference(encoder.encode(TEXTS), embeddings) <= 1e-5
-        assert max_difference(attnkit.load_pretrained(out).encode(TEXTS), embeddings) <= 1e-6
+        scale = max(1.0, float(np.abs(embeddings).max()))
+        assert max_difference(attnkit.load_pretrained(out).encode(TEXTS), embeddings) <= 1e-6 * scale
 
 
 def test_export_never_destroys_a_directory(checkpoints, tmp_path, monkeypatch):
