@@ -48,8 +48,12 @@ class Classifier(keras.Model):
         return self.head(pooled)  # (B, 2)
 
 
-def run(output_dir, epochs=3, learning_rate=5e-5, seed=0):
+def run(output_dir, epochs=3, learning_rate=5e-5, seed=0, train_layers=None):
     """Fine-tunes, exports to `output_dir` and reloads in sentence-transformers.
+
+    Args:
+        train_layers: train only the last this many encoder layers (and the head); default None:
+            the whole encoder.
 
     Returns:
         dict: accuracy before and after, the largest weight change, and the largest difference
@@ -59,8 +63,16 @@ def run(output_dir, epochs=3, learning_rate=5e-5, seed=0):
     encoder = attnkit.load_pretrained()
     texts, labels = ANIMALS + MONEY, np.array([1] * len(ANIMALS) + [0] * len(MONEY))
     token_ids, padding_mask, _ = encoder.tokenize(texts)
-    before = np.array(encoder.model.encoder_layers[0].feed_forward.fully_connected1.kernel)
+    watched = encoder.model.encoder_layers[-1].feed_forward.fully_connected1.kernel
+    before = keras.ops.convert_to_numpy(watched)
     encoder.model.trainable = True  # load_pretrained freezes it for inference
+    if train_layers is not None:
+        encoder.model.token_position_embedding.trainable = False
+        encoder.model.embedding_norm.trainable = False
+        if encoder.model.token_type_embedding is not None:
+            encoder.model.token_type_embedding.trainable = False
+        for layer in encoder.model.encoder_layers[: encoder.model.n - train_layers]:
+            layer.trainable = False
     classifier = Classifier(encoder.model)
     classifier.compile(optimizer=keras.optimizers.Adam(learning_rate), loss="sparse_categorical_crossentropy",
                        metrics=["accuracy"])
@@ -68,7 +80,7 @@ def run(output_dir, epochs=3, learning_rate=5e-5, seed=0):
     classifier.fit((token_ids, padding_mask), labels, batch_size=8, epochs=epochs, shuffle=True, verbose=0)
     accuracy_after = classifier.evaluate((token_ids, padding_mask), labels, verbose=0)[1]
     encoder.model.trainable = False
-    change = float(np.abs(np.array(encoder.model.encoder_layers[0].feed_forward.fully_connected1.kernel) - before).max())
+    change = float(np.abs(keras.ops.convert_to_numpy(watched) - before).max())
 
     encoder.save_pretrained(output_dir, overwrite=True)
     from sentence_transformers import SentenceTransformer
