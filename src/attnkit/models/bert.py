@@ -92,7 +92,8 @@ class BertEncoder(keras.Model):
         self.d_ff = positive_int("d_ff", d_ff)
         self.n = positive_int("n", n)
         self.rate = dropout_rate("rate", rate)
-        self.type_vocab_size = 0 if type_vocab_size == 0 else positive_int("type_vocab_size", type_vocab_size)
+        no_types = type_vocab_size == 0 and not isinstance(type_vocab_size, bool)
+        self.type_vocab_size = 0 if no_types else positive_int("type_vocab_size", type_vocab_size)
         self.epsilon = positive_float("epsilon", epsilon)
         self.activation = check_activation(activation)
         self.pad_id = pad_id
