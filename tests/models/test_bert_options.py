@@ -79,3 +79,22 @@ def test_token_types_without_a_table_are_refused():
     ids = np.array([[2, 3]], np.int32)
     with pytest.raises(ValueError, match=r"`token_type_ids` was given, but this encoder has no token types"):
         model(ids, token_type_ids=np.zeros_like(ids))
+
+
+@pytest.mark.parametrize("activation, reference", [
+    ("gelu_tanh", lambda y: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))),  # transformers' gelu_new
+    ("silu", lambda y: y / (1 + np.exp(-y))),
+])
+def test_feed_forward_activations_of_the_checkpoint_families(tmp_path, activation, reference):
+    from attnkit.layers import FeedForward
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32) * 3
+    model = keras.Sequential([keras.Input((3, 4)), FeedForward(5, 4, activation=activation)])
+    layer = model.layers[0]
+    w1, b1, w2, b2 = (keras.ops.convert_to_numpy(v).astype(np.float64) for v in (
+        layer.fully_connected1.kernel, layer.fully_connected1.bias, layer.fully_connected2.kernel, layer.fully_connected2.bias))
+    expected = reference(x.astype(np.float64) @ w1 + b1) @ w2 + b2
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)), expected, atol=1e-5)
+    model.save(tmp_path / "m.keras")
+    reloaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(reloaded(x)), keras.ops.convert_to_numpy(model(x)))

@@ -193,7 +193,8 @@ def test_a_maximum_length_past_the_positions_refuses_long_texts(checkpoints, tmp
         json.dump({"max_seq_length": 100}, f)
     encoder = attnkit.load_pretrained(path)
     assert encoder.encode("the cat sat").shape == (24,)
-    with pytest.raises(ValueError, match=r"has \d+ tokens after truncation at max_length=100, but the encoder has positions for 40"):
+    with pytest.raises(ValueError, match=r"has \d+ tokens after truncation at max_length=100, but the encoder has positions for 40"), \
+            pytest.warns(UserWarning, match="1 of 1 texts were longer than the model's maximum of 100 tokens"):
         encoder.encode(TEXTS[3])
 
 

@@ -45,7 +45,8 @@ class BertEncoder(keras.Model):
         rate: dropout rate in [0, 1), after the embeddings and after every sub-layer. Default 0.1.
         type_vocab_size: number of token types (segments); 0 for no token-type embedding. Default 2.
         epsilon: layer norm epsilon (BERT: 1e-12). Default 1e-12.
-        activation: "gelu" (default, exact erf) or "relu" in the feed-forward networks.
+        activation: "gelu" (default, exact erf), "gelu_tanh" (tanh approximation), "relu" or "silu" in the
+            feed-forward networks.
         pad_id: id of the padding token, masked out when no `padding_mask` is given; None for none.
             Default 0.
         positions: "absolute" (default): token t has position t. "after_padding": as RoBERTa,
