@@ -236,12 +236,60 @@ def embeddings(rounds):
                 "sentence-transformers", times["torch"], gflop)]
 
 
+def encoder_families(rounds, count=256, d_model=384, n=6, batch=64):
+    """DistilBERT, RoBERTa and ELECTRA sentence embeddings (random weights, MiniLM's sizes and
+    tokenizer, mean pooling) vs sentence-transformers on the same directory: the families the
+    MiniLM row (BERT) does not cover."""
+    import tempfile
+
+    import transformers
+    from embeddings import sentences
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+
+    texts = sentences(count)
+    sizes = dict(vocab_size=30522, max_position_embeddings=512)
+    configs = {
+        "DistilBERT": transformers.DistilBertConfig(dim=d_model, n_layers=n, n_heads=12, hidden_dim=4 * d_model, **sizes),
+        "RoBERTa": transformers.RobertaConfig(hidden_size=d_model, num_hidden_layers=n, num_attention_heads=12,
+                                              intermediate_size=4 * d_model, pad_token_id=0, type_vocab_size=1,
+                                              **{**sizes, "max_position_embeddings": 514}),
+        "ELECTRA": transformers.ElectraConfig(embedding_size=d_model // 2, hidden_size=d_model, num_hidden_layers=n,
+                                              num_attention_heads=12, intermediate_size=4 * d_model, **sizes),
+    }
+    tokenizer = transformers.AutoTokenizer.from_pretrained(attnkit.load_pretrained().path, model_max_length=256)
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        for name, config in configs.items():
+            base, directory = os.path.join(root, name), os.path.join(root, name + "-st")
+            transformers.AutoModel.from_config(config).save_pretrained(base)
+            tokenizer.save_pretrained(base)
+            transformer = Transformer(base)
+            SentenceTransformer(modules=[transformer, Pooling(d_model, "mean")], device="cpu").save(directory)
+            ours, theirs = attnkit.load_pretrained(directory), SentenceTransformer(directory, device="cpu")
+            warnings.simplefilter("ignore", UserWarning)
+            times = medians({
+                "attnkit": lambda: ours.encode(texts, batch_size=batch),
+                "torch": lambda: theirs.encode(texts, batch_size=batch, convert_to_numpy=True),
+            }, rounds)
+            _, mask, _ = ours.tokenize(texts)
+            lengths = np.sort(mask.sum(axis=1))[::-1]
+            gflop = sum(n * layer_gflop(len(chunk), int(chunk[0]), int(chunk[0]), d_model, 4 * d_model)
+                        for chunk in (lengths[i:i + batch] for i in range(0, len(lengths), batch)))
+            rows.append(row(f"{name} embeddings (d_model={d_model}, n={n}), {len(texts)} sentences, batch {batch}",
+                            "float32", times["attnkit"], "sentence-transformers", times["torch"], gflop,
+                            "random weights"))
+    return rows
+
+
 WORKLOADS = {
     "mha": mha,
     "encoder-float32": lambda rounds: encoder(rounds, "float32"),
     "encoder-bfloat16": lambda rounds: encoder(rounds, "mixed_bfloat16"),
     "training-step": lambda rounds: training_step(rounds),
     "embeddings": lambda rounds: embeddings(max(2, rounds // 2)),
+    "encoder-families": lambda rounds: encoder_families(max(2, rounds // 2)),
 }
 
 

@@ -119,8 +119,8 @@ def test_missing_model_directory_in_a_real_process(tmp_path):
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("attnkit:")]
     assert errors == [
-        f"attnkit: error: Model directory {missing} does not exist; a model directory holds config.json, "
-        "model.safetensors, and tokenizer.json or vocab.txt"
+        f"attnkit: error: Model directory {missing} does not exist; a model directory holds config.json, weights "
+        "(model.safetensors, sharded safetensors or pytorch_model.bin), and tokenizer.json or vocab.txt"
     ]
     assert result.stdout == ""
 

@@ -44,3 +44,14 @@ def test_scaled_down_classifier_learns_the_order_task():
     example = load_classifier_example()
     result = example.train(n_train=1500, n_val=500, sequence_length=8, n=1, epochs=3)
     assert result["val_accuracy"] > 0.9, result  # chance is 0.5; no bag of tokens can beat it
+
+
+def test_minilm_fine_tunes_exports_and_reloads_in_sentence_transformers(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    spec = importlib.util.spec_from_file_location("finetune_minilm", os.path.join(EXAMPLES, "finetune_minilm.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    result = example.run(str(tmp_path / "model"), epochs=1, learning_rate=1e-4, train_layers=1)
+    assert result["weight_change"] > 1e-4  # fit trained the encoder's own layers
+    assert result["accuracy_after"] >= max(result["accuracy_before"], 0.9), result
+    assert result["export_difference"] <= 1e-5, result

@@ -96,7 +96,7 @@ def test_dropout_changes_outputs_only_in_training(rng):
         (dict(n=0), r"`n` must be a positive integer. Received: n=0"),
         (dict(vocab_size=-1), r"`vocab_size` must be a positive integer. Received: vocab_size=-1"),
         (dict(rate=1.0), r"`rate` must be a float in \[0, 1\). Received: rate=1.0"),
-        (dict(activation="tanh"), r"`activation` must be one of \('relu', 'gelu'\). Received: activation='tanh'"),
+        (dict(activation="tanh"), r"`activation` must be one of \('relu', 'gelu', 'gelu_tanh', 'silu'\). Received: activation='tanh'"),
     ],
 )
 def test_bad_constructor_arguments_raise(kwargs, message):

@@ -162,7 +162,7 @@ def test_dropout_changes_outputs_only_in_training(rng):
         (dict(h=0), r"`h` must be a positive integer. Received: h=0"),
         (dict(d_model=-2), r"`d_model` must be a positive integer. Received: d_model=-2"),
         (dict(rate=1.0), r"`rate` must be a float in \[0, 1\). Received: rate=1.0"),
-        (dict(activation="swish"), r"`activation` must be one of \('relu', 'gelu'\). Received: activation='swish'"),
+        (dict(activation="swish"), r"`activation` must be one of \('relu', 'gelu', 'gelu_tanh', 'silu'\). Received: activation='swish'"),
         (dict(epsilon=0.0), r"`epsilon` must be a finite positive number. Received: epsilon=0.0"),
     ],
 )

@@ -146,7 +146,7 @@ def test_bad_token_ids_raise(rng, make_ids, message):
         (dict(n=0), r"`n` must be a positive integer. Received: n=0"),
         (dict(d_ff=-1), r"`d_ff` must be a positive integer. Received: d_ff=-1"),
         (dict(rate=1.0), r"`rate` must be a float in \[0, 1\). Received: rate=1.0"),
-        (dict(activation="elu"), r"`activation` must be one of \('relu', 'gelu'\). Received: activation='elu'"),
+        (dict(activation="elu"), r"`activation` must be one of \('relu', 'gelu', 'gelu_tanh', 'silu'\). Received: activation='elu'"),
         (dict(position="relative"), r"`position` must be one of \('sinusoidal', 'learned'\). Received: position='relative'"),
         (dict(pad_id=VOCAB), r"`pad_id` must be None or an integer in \[0, vocab_size=13\). Received: pad_id=13"),
     ],

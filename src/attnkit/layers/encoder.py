@@ -44,7 +44,7 @@ class Encoder(keras.layers.Layer):
         pad_id: id of the padding token, or None when no id is padding. Default 0.
         norm_first: pre-LN layers and a final layer norm (as torch's `TransformerEncoder(norm=...)`)
             instead of the paper's post-LN. Default False.
-        activation: "relu" (default) or "gelu" (exact) in the feed-forward networks.
+        activation: "relu" (default), "gelu" (exact), "gelu_tanh" or "silu" in the feed-forward networks.
         epsilon: layer norm epsilon. Default 1e-6.
         position: "sinusoidal" (default, fixed) or "learned" position embeddings.
         **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).

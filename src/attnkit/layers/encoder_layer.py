@@ -60,7 +60,7 @@ class EncoderLayer(keras.layers.Layer):
         rate: dropout rate in [0, 1).
         norm_first: False (default) for post-LN as in the paper; True for pre-LN, which trains more
             stably in deep stacks (then end the stack with a layer norm, as `Encoder` does).
-        activation: "relu" (default) or "gelu" (exact) in the feed-forward network.
+        activation: "relu" (default), "gelu" (exact), "gelu_tanh" or "silu" in the feed-forward network.
         epsilon: layer norm epsilon. Default 1e-6.
         **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
 

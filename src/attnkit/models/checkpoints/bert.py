@@ -1,0 +1,20 @@
+"""BERT (model_type "bert", and Google's original configs without one): the mapping table."""
+
+from attnkit.models.checkpoints import _bert_layout
+from attnkit.models.checkpoints.family import Family
+
+
+def arguments(file, config):
+    return _bert_layout.encoder_arguments(file, config, pad_default=0)
+
+
+FAMILY = Family(
+    name="BERT",
+    model_types=("bert",),
+    prefix="bert.",
+    architecture="BertModel",
+    arguments=arguments,
+    weight_table=_bert_layout.weight_table,
+    carried=_bert_layout.pooler_shapes,
+    heads=("cls.", "classifier.", "qa_outputs."),
+)

@@ -1,0 +1,132 @@
+"""`save_pretrained`: a `PretrainedEncoder` back to a Hugging Face directory (docs/decisions.md item 30).
+
+    config.json, model.safetensors          the base model (BertModel, RobertaModel, ...), as AutoModel reads it
+    tokenizer files                         copied from the loaded directory
+    modules.json, sentence_bert_config.json, 1_Pooling/, k_Dense/, k_Normalize/
+                                            the sentence-transformers pipeline
+
+The directory is written into a temporary sibling and renamed into place when complete, so an
+interrupted save leaves either the old directory or the new one, never a mixture.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from attnkit.models.checkpoints.weights import export_tensors
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "added_tokens.json", "sentencepiece.bpe.model", "spiece.model")
+_ARCHITECTURE = {"xlm-roberta": "XLMRobertaModel"}  # else the family's base model class
+_TRANSFORMER, _POOLING, _DENSE, _NORMALIZE = (
+    "sentence_transformers.base.modules.transformer.Transformer",
+    "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+    "sentence_transformers.base.modules.dense.Dense",
+    "sentence_transformers.base.modules.normalize.Normalize",
+)
+
+
+def save_pretrained(encoder, directory, *, overwrite=False):
+    """Writes `encoder` (a `PretrainedEncoder`) to `directory`; see `PretrainedEncoder.save_pretrained`."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"`directory` must be a path. Received: directory of type {type(directory).__name__}")
+    directory = os.path.abspath(os.fspath(directory))
+    if os.path.lexists(directory):
+        if not overwrite:
+            raise FileExistsError(f"{directory} already exists; pass overwrite=True to replace it")
+        if not os.path.isdir(directory) or os.path.islink(directory):
+            raise FileExistsError(f"{directory} exists and is not a directory; attnkit replaces only a directory")
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.", suffix=".partial", dir=parent)
+    try:
+        _write(encoder, staging)
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; give it a directory's usual mode
+        if os.path.lexists(directory):
+            old = staging.removesuffix(".partial") + ".old"
+            os.rename(directory, old)
+            os.rename(staging, directory)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write(encoder, directory):
+    from safetensors.numpy import save_file
+
+    config = dict(encoder.config)
+    model_type = config.setdefault("model_type", encoder.family.model_types[0])
+    config["architectures"] = [_ARCHITECTURE.get(model_type, encoder.family.architecture)]
+    _json(os.path.join(directory, "config.json"), config)
+    tensors = export_tensors(encoder.family, encoder.model, encoder.unused_weights)
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    source = encoder.pipeline.transformer_path
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(source, name)):
+            shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
+    extra = os.path.join(encoder.path, "config_sentence_transformers.json")
+    if os.path.isfile(extra):
+        shutil.copyfile(extra, os.path.join(directory, "config_sentence_transformers.json"))
+    _write_modules(encoder, directory)
+
+
+def _write_modules(encoder, directory):
+    pipeline = encoder.pipeline
+    _json(os.path.join(directory, "sentence_bert_config.json"), {
+        "max_seq_length": encoder.max_length,
+        "do_lower_case": pipeline.sentence_config.get("do_lower_case", False) is True,
+    })
+    modules = [("", _TRANSFORMER), ("1_Pooling", _POOLING)]
+    modes = list(pipeline.pooling)
+    _json(os.path.join(directory, "1_Pooling", "config.json"), {
+        "embedding_dimension": encoder.d_model, "pooling_mode": modes[0] if len(modes) == 1 else modes,
+        "include_prompt": True,
+    })
+    for dense in pipeline.dense:
+        folder = f"{len(modules)}_Dense"
+        modules.append((folder, _DENSE))
+        _write_dense(dense, os.path.join(directory, folder))
+    if pipeline.normalize:
+        folder = f"{len(modules)}_Normalize"
+        modules.append((folder, _NORMALIZE))
+        _json(os.path.join(directory, folder, "config.json"), {})
+    _json(os.path.join(directory, "modules.json"), [
+        {"idx": i, "name": str(i), "path": path, "type": module_type} for i, (path, module_type) in enumerate(modules)
+    ])
+
+
+def _write_dense(dense, folder):
+    from safetensors.numpy import save_file
+
+    d_in, d_out = dense.kernel.shape
+    config = {"in_features": d_in, "out_features": d_out, "bias": dense.bias is not None,
+              "activation_function": dense.activation}
+    tensors = {"linear.weight": np.ascontiguousarray(dense.kernel.T)}
+    if dense.bias is not None:
+        tensors["linear.bias"] = np.ascontiguousarray(dense.bias)
+    if dense.residual is not None:
+        config["use_residual"] = True
+        if not isinstance(dense.residual, str):
+            tensors["residual.weight"] = np.ascontiguousarray(dense.residual.T)
+    _json(os.path.join(folder, "config.json"), config)
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+
+
+def _json(file, data):
+    os.makedirs(os.path.dirname(file), exist_ok=True)
+    with open(file, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
