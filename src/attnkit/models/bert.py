@@ -44,7 +44,8 @@ class BertEncoder(keras.Model):
 
     Call arguments:
         token_ids: (B, T) integer ids, T <= sequence_length.
-        padding_mask: optional keep-mask (B, T), True at real tokens. Default: ids != pad_id.
+        padding_mask: optional keep-mask, (B, 1, T) True at real tokens, or any shape `EncoderLayer`
+            takes (a 2-D mask when B == T is ambiguous and refused). Default: ids != pad_id.
         training: whether dropout is active.
         token_type_ids: keyword-only, (B, T) segment ids; default all 0.
         return_attention_weights: keyword-only; also return every layer's attention weights.
@@ -116,7 +117,7 @@ class BertEncoder(keras.Model):
     ):
         ids = check_token_ids(token_ids, self.vocab_size, self.sequence_length, "token_ids")  # (B, T)
         if padding_mask is None and self.pad_id is not None:
-            padding_mask = ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype))  # (B, T)
+            padding_mask = ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype))[:, None, :]  # (B, 1, T)
         if token_type_ids is None:
             token_type_ids = ops.zeros_like(ids)
         x = self.token_position_embedding(ids) + self.token_type_embedding(token_type_ids)  # (B, T, d_model)

@@ -48,11 +48,13 @@ class Transformer(keras.Model):
     ):
         super().__init__(**kwargs)
         shared = dict(pad_id=pad_id, norm_first=norm_first, activation=activation, epsilon=epsilon)
+        # Every sub-layer computes in the model's dtype policy (mixed precision included).
+        policy = self.dtype_policy
         self.encoder = Encoder(
-            enc_vocab_size, enc_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="encoder", **shared
+            enc_vocab_size, enc_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="encoder", dtype=policy, **shared
         )
         self.decoder = Decoder(
-            dec_vocab_size, dec_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="decoder", **shared
+            dec_vocab_size, dec_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="decoder", dtype=policy, **shared
         )
         self.tie_weights = bool(boolean("tie_weights", tie_weights))
         if not self.tie_weights:
@@ -86,8 +88,12 @@ class Transformer(keras.Model):
         return self.logits(y)
 
     def encode(self, encoder_input, training=None):
-        """(encoder output (B, S, d_model), source keep-mask (B, S)) for `encoder_input` (B, S)."""
-        source_mask = self.encoder.compute_mask(encoder_input)
+        """(encoder output (B, S, d_model), source keep-mask (B, 1, S) or None) for `encoder_input` (B, S).
+
+        The mask is (B, 1, S), padding in the shape no layer reads as (T_q, T_k) (docs/decisions.md item 18).
+        """
+        source_mask = self.encoder.compute_mask(encoder_input)  # (B, S) or None
+        source_mask = None if source_mask is None else ops.expand_dims(source_mask, 1)  # (B, 1, S)
         return self.encoder(encoder_input, source_mask, training=training), source_mask
 
     def logits(self, y):
