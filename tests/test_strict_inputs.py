@@ -29,17 +29,19 @@ def _compiled_error():
 # --- class 1: compiled paths check token ids -----------------------------------------------------------
 
 
+BAD_IDS = {
+    "fractional": (np.random.default_rng(0).random((4, 5)), "floats are accepted only when they are whole numbers"),
+    "too-large": (np.array([[1, 2, 25, 0, 0]], np.int32), r"token ids in \[0, vocab_size=20\)"),
+    "negative": (np.array([[1, -2, 3, 0, 0]], np.int32), r"token ids in \[0, vocab_size=20\)"),
+}
+
+
 @pytest.mark.parametrize(
-    "ids, message",
-    [
-        (np.random.default_rng(0).random((4, 5)), "floats are accepted only when they are whole numbers"),
-        (np.array([[1, 2, 25, 0, 0]], np.int32), r"token ids in \[0, vocab_size=20\)"),
-        (np.array([[1, -2, 3, 0, 0]], np.int32), r"token ids in \[0, vocab_size=20\)"),
-    ],
-    ids=["fractional", "too-large", "negative"],
+    "how, bad", [("predict", "fractional"), ("predict", "too-large"), ("predict", "negative"), ("evaluate", "fractional"),
+                 ("fit", "too-large")],
 )
-@pytest.mark.parametrize("how", ["predict", "evaluate", "fit"])
-def test_bad_token_ids_fail_inside_compiled_keras_loops(ids, message, how):
+def test_bad_token_ids_fail_inside_compiled_keras_loops(how, bad):
+    ids, message = BAD_IDS[bad]
     model = _functional_encoder()
     model.compile(loss="mse")
     with pytest.raises(_compiled_error(), match=message):
@@ -118,6 +120,11 @@ def test_string_masks_and_ids_are_refused_on_every_path():
         attnkit.MultiHeadAttention(2, 2, 2, 4)(Q, mask=strings)
     with pytest.raises(TypeError, match="`input_sentence` must hold integer token ids. Received: input_sentence with dtype=string"):
         attnkit.Encoder(20, 5, 2, 4, 4, 8, 16, 1, 0.0)(np.full((1, 5), "a"))
+    transformer = attnkit.Transformer(9, 9, 4, 4, 2, 4, 4, 8, 16, 1, 0.0)
+    with pytest.raises(TypeError, match="`encoder_input` must hold integer token ids. Received: encoder_input with dtype=string"):
+        transformer((np.full((1, 4), "a"), np.ones((1, 4), np.int32)))
+    with pytest.raises(TypeError, match="`decoder_input` must hold integer token ids"):
+        transformer(np.ones((1, 4), np.int32), np.full((1, 4), "a"))
     with pytest.raises(TypeError, match="`mask` must be a boolean, integer or 0/1 float mask"):
         attnkit.from_hide_mask(strings)
 

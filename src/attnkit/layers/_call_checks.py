@@ -34,8 +34,12 @@ def check_arguments(arguments, floats=(), ids=(), masks=(), flags=()):
     """Checks the named entries of `arguments` (name -> value); None values pass."""
     for check, names in ((floating, floats), (check_token_ids_dtype, ids), (_mask, masks), (boolean, flags)):
         for name in names:
-            if arguments.get(name) is not None:
-                check(name, arguments[name])
+            value = arguments.get(name)
+            if isinstance(value, (tuple, list)) and value and hasattr(value[0], "shape"):
+                for part in value:  # a pair of tensors in one argument, as `fit` passes a model's inputs
+                    check(name, part)
+            elif value is not None:
+                check(name, value)
 
 
 def _mask(name, value):

@@ -9,13 +9,14 @@ import keras
 from keras import ops
 
 from attnkit._validation import boolean
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers.decoder import Decoder
 from attnkit.layers.encoder import Encoder
 from attnkit.layers.linear import Linear
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Transformer(keras.Model):
+class Transformer(CheckedCall, keras.Model):
     """Encoder, decoder and the final linear layer to the target vocabulary.
 
     Args:
@@ -41,6 +42,8 @@ class Transformer(keras.Model):
     >>> model = Transformer(40, 40, 32, 12, h=4, d_k=16, d_v=16, d_model=64, d_ff=256, n=2, rate=0.1)
     >>> model((source_ids, target_in)).shape  # (B, 12, 40)
     """
+
+    _call_checks = dict(ids=("encoder_input", "decoder_input"))
 
     def __init__(
         self, enc_vocab_size, dec_vocab_size, enc_seq_length, dec_seq_length, h, d_k, d_v, d_model, d_ff, n, rate,

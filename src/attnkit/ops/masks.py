@@ -19,7 +19,6 @@ A 2-D mask is (B, T_k) or (T_q, T_k) by which size matches; when B == T_q it is 
 """
 
 import numpy as np
-import keras
 from keras import ops
 
 from attnkit._validation import ArgumentTypeError, dtype_name, positive_int
