@@ -130,7 +130,7 @@ def test_target_keep_mask_hides_target_keys(rng):
 def test_decode_steps_concatenated_equal_the_full_call(rng, norm_first, chunks):
     layer = make_layer(norm_first=norm_first)
     x, encoder_output = inputs(rng)
-    keep = source_keep()
+    keep = source_keep()[:, None, :]  # (B, 1, S): a (B, S) mask is ambiguous for the 3-query chunk, B == 3
     full, _, full_cross = layer(x, encoder_output, None, keep, return_attention_weights=True)
     cross_keys_values = layer.project_encoder_output(encoder_output)
     cache, outputs, cross = None, [], []
@@ -191,11 +191,11 @@ def test_bad_inputs_raise(rng):
     ):
         layer(x, encoder_output[:2])
     with pytest.raises(
-        ValueError, match=r"`padding_mask` must have shape \(batch, length\) = \(3, 6\), True at real tokens"
+        ValueError, match=r"`padding_mask` of shape \(3, 5\) does not broadcast to the attention scores"
     ):
         layer(x, encoder_output, None, source_keep()[:, :5])
     with pytest.raises(
-        ValueError, match=r"`lookahead_mask` must have shape \(batch, length\) = \(3, 7\), True at real tokens"
+        ValueError, match=r"`lookahead_mask` of shape \(3, 6\) does not broadcast to the attention scores"
     ):
         layer(x, encoder_output, np.ones((B, S), bool))
     with pytest.raises(TypeError, match=r"`padding_mask` must be a boolean or integer mask, not float32"):

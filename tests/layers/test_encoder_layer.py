@@ -122,7 +122,7 @@ def test_bad_inputs_raise(rng):
     layer, x = make_layer(), inputs(rng)
     with pytest.raises(ValueError, match=r"`x` must have shape \(batch, length, d_model=16\). Received: x.shape=\(3, 7, 8\)"):
         layer(x[..., :8])
-    with pytest.raises(ValueError, match=r"`padding_mask` must have shape \(batch, length\) = \(3, 7\), True at real tokens. Received: padding_mask.shape=\(3, 6\)"):
+    with pytest.raises(ValueError, match=r"`padding_mask` of shape \(3, 6\) does not broadcast to the attention scores of shape \(3, None, 7, 7\)"):
         layer(x, padding()[:, :6])
     with pytest.raises(TypeError, match=r"`padding_mask` must be a boolean or integer mask, not float32"):
         layer(x, padding().astype("float32"))

@@ -2,17 +2,21 @@
 
 Out-of-range ids fail differently on every backend (torch raises an opaque IndexError, jax clamps
 silently, tensorflow raises on CPU only), so the layers check them here, with one message. Values
-are checked only when they are concrete (eager); inside a traced or compiled function (jax.jit,
-tf.function, symbolic Keras tensors) only the dtype and the static shape can be checked.
+are checked in NumPy when they are concrete (eager), and inside traced functions (Keras's compiled
+`fit`/`predict`/`evaluate`, jax.jit, tf.function) by checks that run in the graph: a host callback
+on jax, assertions on tensorflow. Symbolic Keras tensors (building a functional model) have no
+values; their dtype and static shape are checked.
 
 Legend: B batch, T sequence length.
 """
+
+import functools
 
 import keras
 import numpy as np
 from keras import ops
 
-from attnkit._validation import ArgumentTypeError
+from attnkit._validation import ArgumentTypeError, dtype_name
 from attnkit.ops.masks import _shape_str
 
 
@@ -42,6 +46,73 @@ def _some(values):
     return np.unique(values.ravel())[:3].tolist()
 
 
+def check_token_ids_dtype(name, ids):
+    """Returns the dtype name of `ids` if it is an integer or a float, else raises an ArgumentTypeError.
+
+    Runs before any conversion to a tensor, so that string ids get this message on every backend."""
+    dtype = dtype_name(ids)
+    if dtype == "bool" or not ("float" in dtype or "int" in dtype):
+        raise ArgumentTypeError(f"`{name}` must hold integer token ids. Received: {name} with dtype={dtype}")
+    return dtype
+
+
+def check_values(values, vocab_size, name, is_float):
+    """Raises a ValueError unless the NumPy array `values` holds whole numbers in [0, vocab_size)."""
+    if is_float and not np.all(values == np.round(values)):
+        raise ValueError(
+            f"`{name}` must hold integer token ids; floats are accepted only when they are whole "
+            f"numbers. Received: {name} with values such as {_some(values[values != np.round(values)])}"
+        )
+    out_of_range = (values < 0) | (values >= vocab_size)
+    if out_of_range.any():
+        raise ValueError(
+            f"`{name}` must hold token ids in [0, vocab_size={vocab_size}). "
+            f"Received: {name} with values such as {_some(values[out_of_range])}"
+        )
+
+
+def _checked_in_graph(ids, vocab_size, name, is_float):
+    """`ids`, checked by `check_values` when the traced function runs (jax, tensorflow).
+
+    jax: a `jax.debug.callback` runs `check_values` on the host; its ValueError arrives wrapped in jax's
+    `JaxRuntimeError`, message included. tensorflow: `tf.debugging.Assert`s with the same messages, an
+    `InvalidArgumentError`. XLA compiles asserts away on tensorflow, so there the layers refuse to be
+    compiled (`supports_jit`, and an error when traced under XLA anyway): docs/decisions.md item 20.
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        jax.debug.callback(functools.partial(check_values, vocab_size=vocab_size, name=name, is_float=is_float), ids)
+        return ids
+    if backend != "tensorflow":
+        return ids  # torch runs eagerly: its values were concrete, or only traced on "meta"
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            f"`{name}`: token ids cannot be checked inside an XLA-compiled tensorflow function "
+            "(jit_compile=True), which removes assertions, and unchecked ids give wrong results without an "
+            "error. Compile without XLA (Keras's default on tensorflow for attnkit's embedding layers), "
+            "or use the jax backend, whose compiled checks run."
+        )
+    checks = []
+    if is_float:
+        fractional = tf.not_equal(ids, tf.round(ids))
+        checks.append((fractional, f"`{name}` must hold integer token ids; floats are accepted only when they are "
+                                    f"whole numbers. Received: {name} with values such as"))
+    out_of_range = tf.logical_or(ids < 0, ids >= tf.cast(vocab_size, ids.dtype))
+    checks.append((out_of_range, f"`{name}` must hold token ids in [0, vocab_size={vocab_size}). "
+                                 f"Received: {name} with values such as"))
+    asserts = [
+        tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message, tf.boolean_mask(ids, bad)], summarize=3)
+        for bad, message in checks
+    ]
+    with tf.control_dependencies(asserts):
+        return tf.identity(ids)
+
+
 def check_token_ids(ids, vocab_size, sequence_length, name):
     """Validates a (B, T) batch of token ids and returns it as an integer tensor.
 
@@ -60,6 +131,7 @@ def check_token_ids(ids, vocab_size, sequence_length, name):
             [0, vocab_size).
         TypeError: neither an integer nor a float dtype.
     """
+    check_token_ids_dtype(name, ids)
     ids = ops.convert_to_tensor(ids)
     shape = tuple(ids.shape)
     if len(shape) != 2:
@@ -71,21 +143,10 @@ def check_token_ids(ids, vocab_size, sequence_length, name):
             f"`{name}` must be at most sequence_length={sequence_length} tokens long. "
             f"Received: {name}.shape={_shape_str(shape)}"
         )
-    dtype = keras.backend.standardize_dtype(ids.dtype)
-    is_float = "float" in dtype
-    if not (is_float or "int" in dtype):
-        raise ArgumentTypeError(f"`{name}` must hold integer token ids. Received: {name} with dtype={dtype}")
+    is_float = "float" in keras.backend.standardize_dtype(ids.dtype)
     values = _concrete_values(ids)
     if values is not None:
-        if is_float and not np.all(values == np.round(values)):
-            raise ValueError(
-                f"`{name}` must hold integer token ids; floats are accepted only when they are whole "
-                f"numbers. Received: {name} with values such as {_some(values[values != np.round(values)])}"
-            )
-        out_of_range = (values < 0) | (values >= vocab_size)
-        if out_of_range.any():
-            raise ValueError(
-                f"`{name}` must hold token ids in [0, vocab_size={vocab_size}). "
-                f"Received: {name} with values such as {_some(values[out_of_range])}"
-            )
+        check_values(values, vocab_size, name, is_float)
+    elif not isinstance(ids, keras.KerasTensor):
+        ids = _checked_in_graph(ids, vocab_size, name, is_float)
     return ops.cast(ids, "int32") if is_float else ids

@@ -11,12 +11,13 @@ Legend: B batch, T sequence length, d_model model width.
 import keras
 
 from attnkit._validation import positive_float
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._sublayer import call_layer_norm
 from attnkit.ops.masks import _shape_str
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class AddNormalization(keras.layers.Layer):
+class AddNormalization(CheckedCall, keras.layers.Layer):
     """Adds a sub-layer's output to its input, then normalizes over the last axis.
 
     Args:
@@ -42,6 +43,8 @@ class AddNormalization(keras.layers.Layer):
         Vaswani et al., "Attention Is All You Need", 2017, section 3.1; Ba et al., "Layer
         Normalization", 2016.
     """
+
+    _call_checks = dict(floats=("x", "sublayer_x"))
 
     def __init__(self, *, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)

@@ -10,6 +10,7 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_int
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.ops.attention import masked_softmax
 from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
@@ -17,7 +18,7 @@ from attnkit.layers.linear import Linear
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class AdditiveAttention(keras.layers.Layer):
+class AdditiveAttention(CheckedCall, keras.layers.Layer):
     """Additive (Bahdanau) attention with learned W_q, W_k and v.
 
     Args:
@@ -43,6 +44,8 @@ class AdditiveAttention(keras.layers.Layer):
     References:
         Bahdanau et al., "Neural Machine Translation by Jointly Learning to Align and Translate", 2015.
     """
+
+    _call_checks = dict(floats=("query", "key", "value"), masks=("mask",))
 
     def __init__(self, units, *, kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)

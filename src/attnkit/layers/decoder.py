@@ -13,6 +13,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._sublayer import call_layer_norm
 from attnkit.layers._token_ids import check_token_ids
@@ -22,7 +23,7 @@ from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Decoder(keras.layers.Layer):
+class Decoder(CheckedCall, keras.layers.Layer):
     """Embeddings, dropout and a stack of `n` `DecoderLayer`s.
 
     Args:
@@ -36,9 +37,12 @@ class Decoder(keras.layers.Layer):
     Call arguments:
         output_target: (B, T) target token ids (shifted right: they start with the start token).
         encoder_output: (B, S, d_model).
-        lookahead_mask: optional (B, T) keep-mask of real target tokens; default from `pad_id`. The
-            causal (look-ahead) part is always applied.
-        padding_mask: optional (B, S) keep-mask of the real source tokens.
+        lookahead_mask: optional keep-mask of the self-attention, combined with the causal part,
+            which is always applied: (B, 1, T) for target padding, (T, T), (B, T, T), or any shape
+            `attnkit.ops.broadcast_mask` takes; a 2-D mask when B == T is ambiguous and refused
+            (docs/decisions.md item 18). Default: target ids != pad_id.
+        padding_mask: optional keep-mask of the cross-attention: (B, 1, S) for source padding, or
+            any shape `broadcast_mask` takes against (B, h, T, S); (B, S) is ambiguous when B == T.
         training: whether dropout is active.
         return_attention_weights: also return the lists of n self- and n cross-attention weights.
 
@@ -50,6 +54,11 @@ class Decoder(keras.layers.Layer):
     >>> decoder = Decoder(20, 5, h=8, d_k=64, d_v=64, d_model=512, d_ff=2048, n=6, rate=0.1)
     >>> decoder(target_ids, encoder_output).shape  # (B, 5, 512)
     """
+
+    _call_checks = dict(
+        ids=("output_target",), floats=("encoder_output",), masks=("lookahead_mask", "padding_mask"),
+        flags=("return_attention_weights",),
+    )
 
     def __init__(
         self, vocab_size, sequence_length, h, d_k, d_v, d_model, d_ff, n, rate, *, pad_id=0, norm_first=False,
@@ -111,6 +120,7 @@ class Decoder(keras.layers.Layer):
         ids = check_token_ids(output_target, self.vocab_size, self.sequence_length, "output_target")  # (B, T)
         if lookahead_mask is None:
             lookahead_mask = self.pos_encoding.compute_mask(ids)  # (B, T) or None
+            lookahead_mask = None if lookahead_mask is None else ops.expand_dims(lookahead_mask, 1)  # (B, 1, T)
         y = self.dropout(self.pos_encoding(ids), training=training)  # (B, T, d_model)
         self_weights, cross_weights = [], []
         for layer in self.decoder_layers:
@@ -141,7 +151,7 @@ class Decoder(keras.layers.Layer):
             start: the position of the first of them (the number of positions already cached).
             caches: None at the first step, else the list of n (k, v) self-attention caches.
             cross_keys_values: from `project_encoder_output`.
-            padding_mask: optional (B, S) keep-mask of the real source tokens.
+            padding_mask: optional keep-mask of the cross-attention, (B, 1, S) for the real source tokens.
             return_attention_weights: also return the n cross-attention weights (B, h, T_new, S).
 
         Returns:

@@ -16,17 +16,18 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.encoder_layer import key_padding
 from attnkit.layers.feed_forward import FeedForward, check_activation
 from attnkit.layers.multi_head_attention import MultiHeadAttention
-from attnkit.ops.masks import _shape_str
+from attnkit.ops.masks import _shape_str, broadcast_mask
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class DecoderLayer(keras.layers.Layer):
+class DecoderLayer(CheckedCall, keras.layers.Layer):
     """Masked self-attention, cross-attention over the encoder output, then a feed-forward network.
 
     Args:
@@ -39,10 +40,12 @@ class DecoderLayer(keras.layers.Layer):
     Call arguments:
         x: (B, T, d_model) target embeddings.
         encoder_output: (B, S, d_model).
-        lookahead_mask: optional (B, T) keep-mask of the real target tokens, combined with the
-            built-in causal mask (the seeds pass the combined "hide" mask here; attnkit always
-            applies the causal part itself).
-        padding_mask: optional (B, S) keep-mask of the real source tokens, for the cross-attention.
+        lookahead_mask: optional keep-mask of the self-attention, combined with the built-in causal
+            mask (the seeds pass the combined "hide" mask here; attnkit always applies the causal
+            part itself): (B, 1, T) for target padding, or any shape `attnkit.ops.broadcast_mask`
+            takes; a 2-D mask when B == T is ambiguous and refused (docs/decisions.md item 18).
+        padding_mask: optional keep-mask of the cross-attention, (B, 1, S) for source padding, or any
+            shape `broadcast_mask` takes against (B, h, T, S).
         training: whether dropout is active.
         return_attention_weights: also return the self- and cross-attention weights.
 
@@ -54,6 +57,10 @@ class DecoderLayer(keras.layers.Layer):
     >>> layer = DecoderLayer(h=8, d_k=64, d_v=64, d_model=512, d_ff=2048, rate=0.1)
     >>> layer(keras.random.normal((2, 7, 512)), keras.random.normal((2, 9, 512))).shape  # (2, 7, 512)
     """
+
+    _call_checks = dict(
+        floats=("x", "encoder_output"), masks=("lookahead_mask", "padding_mask"), flags=("return_attention_weights",)
+    )
 
     def __init__(
         self, h, d_k, d_v, d_model, d_ff, rate, *, norm_first=False, activation="relu", epsilon=1e-6, **kwargs
@@ -105,8 +112,8 @@ class DecoderLayer(keras.layers.Layer):
         return_attention_weights=False,
     ):
         self._check(x, encoder_output)
-        self_mask = key_padding(x, lookahead_mask, "lookahead_mask")  # (B, 1, T) or None
-        cross_mask = None if padding_mask is None else key_padding(encoder_output, padding_mask)  # (B, 1, S)
+        self_mask = key_padding(x, lookahead_mask, "lookahead_mask")  # broadcasts to (B, h, T, T), or None
+        cross_mask = None if padding_mask is None else key_padding(encoder_output, padding_mask, queries=x)  # to (B, h, T, S)
 
         def self_attend(q):
             result = self.self_attention(
@@ -132,7 +139,8 @@ class DecoderLayer(keras.layers.Layer):
             cache: None at the first step, else (k, v) of the earlier positions' self-attention,
                 (B, h, T_past, d_k) and (B, h, T_past, d_v).
             cross_keys_values: (k, v) of the encoder output from `project_encoder_output`.
-            padding_mask: optional (B, S) keep-mask of the real source tokens.
+            padding_mask: optional keep-mask of the cross-attention, as in `call`: (B, 1, S) for
+                the real source tokens.
             return_attention_weights: also return the cross-attention weights (B, h, T_new, S).
 
         Returns:
@@ -140,7 +148,10 @@ class DecoderLayer(keras.layers.Layer):
             cross-attention weights when asked.
         """
         x = ops.convert_to_tensor(x)  # a plain method, not `__call__`: Keras does not convert NumPy here
-        cross_mask = None if padding_mask is None else ops.expand_dims(ops.cast(padding_mask, "bool"), 1)
+        if padding_mask is not None:  # the one rule of every mask argument (docs/decisions.md item 18)
+            scores_shape = (x.shape[0], None, x.shape[1], cross_keys_values[0].shape[2])  # (B, h, T_new, S)
+            padding_mask = broadcast_mask(padding_mask, scores_shape, "padding_mask")
+        cross_mask = padding_mask
         new_cache = []
 
         def self_attend(q):

@@ -9,13 +9,14 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_int, rate
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
 from attnkit.ops.masks import broadcast_mask, combine_masks
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class DotProductAttention(keras.layers.Layer):
+class DotProductAttention(CheckedCall, keras.layers.Layer):
     """softmax(Q K^T / sqrt(d_k)) V, with no weights of its own.
 
     Args:
@@ -42,6 +43,10 @@ class DotProductAttention(keras.layers.Layer):
     >>> q = keras.random.normal((64, 8, 5, 64))
     >>> DotProductAttention()(q, q, q, 64).shape  # (64, 8, 5, 64)
     """
+
+    _call_checks = dict(
+        floats=("queries", "keys", "values"), masks=("mask",), flags=("causal", "return_attention_weights")
+    )
 
     def __init__(self, *, dropout=0.0, seed=None, **kwargs):
         super().__init__(**kwargs)

@@ -11,6 +11,7 @@ import keras
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of, with_keras_mask
 from attnkit.layers._shapes import weights_spec
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
@@ -21,7 +22,7 @@ from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Encoder(keras.layers.Layer):
+class Encoder(CheckedCall, keras.layers.Layer):
     """Maps a batch of token ids to one d_model vector per token.
 
     Padding never changes the outputs at real tokens: without an explicit `padding_mask`, the
@@ -52,7 +53,9 @@ class Encoder(keras.layers.Layer):
     Call arguments:
         input_sentence: token ids (B, T), T <= sequence_length; integers, or floats holding whole
             numbers.
-        padding_mask: optional keep-mask (B, T), True at real tokens. Default: ids != pad_id.
+        padding_mask: optional keep-mask, True = may attend: (B, 1, T) for padding, or any shape
+            `attnkit.ops.broadcast_mask` takes; a 2-D mask when B == T is ambiguous and refused
+            (docs/decisions.md item 18). Default: ids != pad_id.
         training: whether dropout is active.
         return_attention_weights: keyword-only; also return every layer's attention weights.
 
@@ -74,6 +77,8 @@ class Encoder(keras.layers.Layer):
     References:
         Vaswani et al., "Attention Is All You Need", 2017, section 3.1.
     """
+
+    _call_checks = dict(ids=("input_sentence",), masks=("padding_mask",), flags=("return_attention_weights",))
 
     def __init__(
         self, vocab_size, sequence_length, h, d_k, d_v, d_model, d_ff, n, rate, *, pad_id=0, norm_first=False,
@@ -128,7 +133,7 @@ class Encoder(keras.layers.Layer):
     def call(self, input_sentence, padding_mask=None, training=None, *, return_attention_weights=False):
         ids = check_token_ids(input_sentence, self.vocab_size, self.sequence_length, "input_sentence")  # (B, T)
         if padding_mask is None:
-            padding_mask = self.pos_encoding.compute_mask(ids)  # (B, T) or None
+            padding_mask = _padding(self.pos_encoding.compute_mask(ids))  # (B, 1, T) or None
         x = self.dropout(self.pos_encoding(ids), training=training)  # (B, T, d_model)
         return self.encode(x, padding_mask, training=training, return_attention_weights=return_attention_weights)
 
@@ -137,7 +142,7 @@ class Encoder(keras.layers.Layer):
 
         Args:
             x: (B, T, d_model) embeddings.
-            padding_mask: optional keep-mask (B, T), True at real tokens. Default: the Keras mask of `x`.
+            padding_mask: optional keep-mask, as in `call`. Default: the Keras mask of `x`.
             training: whether dropout is active.
             return_attention_weights: also return the list of n weight arrays (B, h, T, T).
 
@@ -146,7 +151,7 @@ class Encoder(keras.layers.Layer):
         """
         keras_mask = keras_mask_of(x)
         if padding_mask is None:
-            padding_mask = keras_mask  # what Keras's __call__ would fill in for every layer
+            padding_mask = _padding(keras_mask)  # what Keras's __call__ would fill in for every layer
         weights = []
         for layer in self.encoder_layers:
             if return_attention_weights:
@@ -196,3 +201,8 @@ class Encoder(keras.layers.Layer):
             "epsilon": self.epsilon,
             "position": self.position,
         }
+
+
+def _padding(mask):
+    """A (B, T) padding mask as (B, 1, T), the shape no layer can read as a (T_q, T_k) mask; None stays None."""
+    return None if mask is None else keras.ops.expand_dims(mask, 1)

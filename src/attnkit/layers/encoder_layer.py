@@ -14,38 +14,45 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_float, positive_int
 from attnkit._validation import rate as dropout_rate
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers.add_normalization import AddNormalization
 from attnkit.layers.feed_forward import FeedForward, check_activation
 from attnkit.layers.multi_head_attention import MultiHeadAttention
-from attnkit.ops.masks import _shape_str, as_bool_mask
+from attnkit.ops.masks import as_bool_mask, broadcast_mask
 
 
-def key_padding(x, padding_mask, name="padding_mask"):
-    """The (B, 1, T) attention mask from a (B, T) keep-mask, or from the Keras mask of `x`; or None.
+def key_padding(x, padding_mask, name="padding_mask", queries=None):
+    """The attention mask of a layer's mask argument, or of the Keras mask of `x`; or None.
 
-    `name` is the argument's name in the error messages.
+    Every mask argument of the layers follows the one rule of `attnkit.ops.broadcast_mask`
+    (docs/decisions.md items 1 and 18): (T_k,), (B, T_k), (T_q, T_k), (B, T_q, T_k) or
+    (B, h, T_q, T_k), and a 2-D mask whose first size is both the batch size and the query length is
+    refused as ambiguous. A Keras mask is known to be padding, (B, T_k), and is never ambiguous.
+
+    Args:
+        x: the keys (B, T_k, d_model).
+        padding_mask: None or a keep-mask of one of the shapes above.
+        name: the argument's name in the error messages.
+        queries: the queries (B, T_q, d_model); default `x` (self-attention).
+
+    Returns:
+        None, a (B, 1, T_k) mask from the Keras mask, or `padding_mask` broadcastable to (B, h, T_q, T_k).
     """
     if padding_mask is None:
         padding_mask = keras_mask_of(x)
         if padding_mask is None:
             return None
-    padding_mask = as_bool_mask(padding_mask, name)
-    expected = tuple(x.shape[:2])
-    shape = tuple(padding_mask.shape)
-    if len(shape) != 2 or any(a is not None and b is not None and a != b for a, b in zip(shape, expected)):
-        raise ValueError(
-            f"`{name}` must have shape (batch, length) = {_shape_str(expected)}, True at real "
-            f"tokens. Received: {name}.shape={_shape_str(shape)}"
-        )
-    # (B, T) -> (B, 1, T): every query sees the same keys. A 2-D mask would be ambiguous when B == T.
-    return ops.expand_dims(padding_mask, 1)
+        return ops.expand_dims(as_bool_mask(padding_mask, name), 1)  # (B, 1, T_k)
+    queries = x if queries is None else queries
+    scores_shape = (x.shape[0], None, queries.shape[1], x.shape[1])  # (B, h, T_q, T_k), any h
+    return broadcast_mask(padding_mask, scores_shape, name)
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class EncoderLayer(keras.layers.Layer):
+class EncoderLayer(CheckedCall, keras.layers.Layer):
     """Self-attention then a feed-forward network, each with dropout, a residual and a layer norm.
 
     Dropout is applied to each sub-layer's output before the residual addition (paper section
@@ -66,9 +73,10 @@ class EncoderLayer(keras.layers.Layer):
 
     Call arguments:
         x: (B, T, d_model).
-        padding_mask: optional keep-mask (B, T), True (or nonzero) at real tokens, False at padding;
-            padding is never attended to. Default: the Keras mask carried by `x` (e.g. from
-            `Embedding(mask_zero=True)`), if any.
+        padding_mask: optional keep-mask, True (or nonzero) = may attend: (B, 1, T) for padding,
+            or any shape `attnkit.ops.broadcast_mask` takes ((B, T), (T, T), (B, T, T), ...); a 2-D
+            mask when B == T is ambiguous and refused. Default: the Keras mask carried by `x` (e.g.
+            from `Embedding(mask_zero=True)`), if any.
         training: whether dropout is active.
         return_attention_weights: keyword-only; also return the attention weights. Default False.
 
@@ -77,8 +85,9 @@ class EncoderLayer(keras.layers.Layer):
 
     Raises:
         ValueError: bad sizes or rate, an unknown activation; an input whose width is not d_model; a
-            padding mask not of shape (B, T).
-        TypeError: non-integer sizes, a float padding mask.
+            padding mask that does not broadcast, or an ambiguous 2-D one.
+        TypeError: non-integer sizes, a non-floating `x`, a padding mask neither boolean nor integer,
+            a non-bool `return_attention_weights`.
 
     Example:
     >>> layer = EncoderLayer(h=8, d_k=64, d_v=64, d_model=512, d_ff=2048, rate=0.1)
@@ -89,6 +98,8 @@ class EncoderLayer(keras.layers.Layer):
         Vaswani et al., "Attention Is All You Need", 2017, sections 3.1 and 5.4; Xiong et al., "On
         Layer Normalization in the Transformer Architecture", 2020 (pre-LN).
     """
+
+    _call_checks = dict(floats=("x",), masks=("padding_mask",), flags=("return_attention_weights",))
 
     def __init__(
         self, h, d_k, d_v, d_model, d_ff, rate, *, norm_first=False, activation="relu", epsilon=1e-6, **kwargs

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_int
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
@@ -34,7 +35,7 @@ def check_activation(activation):
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class FeedForward(keras.layers.Layer):
+class FeedForward(CheckedCall, keras.layers.Layer):
     """Two linear maps with an activation between them, applied to every position alike.
 
     Args:
@@ -60,6 +61,8 @@ class FeedForward(keras.layers.Layer):
     References:
         Vaswani et al., "Attention Is All You Need", 2017, section 3.3.
     """
+
+    _call_checks = dict(floats=("x",))
 
     def __init__(self, d_ff, d_model, *, activation="relu", **kwargs):
         super().__init__(**kwargs)

@@ -10,6 +10,7 @@ import keras
 from keras import ops
 
 from attnkit._validation import boolean, positive_int, rate
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer
@@ -21,7 +22,7 @@ from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(CheckedCall, keras.layers.Layer):
     """Multi-head attention with learned projections W_q, W_k, W_v and W_o.
 
     Args:
@@ -62,6 +63,10 @@ class MultiHeadAttention(keras.layers.Layer):
     References:
         Vaswani et al., "Attention Is All You Need", 2017, section 3.2.2.
     """
+
+    _call_checks = dict(
+        floats=("queries", "keys", "values"), masks=("mask",), flags=("causal", "return_attention_weights")
+    )
 
     def __init__(
         self, h, d_k, d_v, d_model, *, dropout=0.0, use_bias=True, kernel_initializer="glorot_uniform",

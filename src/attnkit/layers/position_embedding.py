@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from attnkit._validation import boolean, positive_int
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
@@ -19,7 +20,7 @@ POSITION_KINDS = ("sinusoidal", "learned")
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class PositionEmbeddingFixedWeights(keras.layers.Layer):
+class PositionEmbeddingFixedWeights(CheckedCall, keras.layers.Layer):
     """Embeds token ids and adds their positions: the input stage of the Transformer encoder.
 
     The token embedding is learned and, as in the paper (section 3.4), multiplied by sqrt(d_model) so
@@ -63,6 +64,8 @@ class PositionEmbeddingFixedWeights(keras.layers.Layer):
         Vaswani et al., "Attention Is All You Need", 2017, sections 3.4 and 3.5.
     """
 
+    _call_checks = dict(ids=("inputs",))
+
     def __init__(
         self, sequence_length, vocab_size, d_model, *, position="sinusoidal", pad_id=0,
         scale_embeddings=True, embeddings_initializer="uniform", **kwargs,
@@ -84,6 +87,9 @@ class PositionEmbeddingFixedWeights(keras.layers.Layer):
         self.scale_embeddings = bool(boolean("scale_embeddings", scale_embeddings))
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.supports_masking = True
+        # Keras's "auto" then compiles models holding this layer without XLA on tensorflow, where the
+        # token-id assertions run (XLA removes them): docs/decisions.md item 20.
+        self.supports_jit = keras.backend.backend() != "tensorflow"
         embedding = dict(embeddings_initializer=self.embeddings_initializer, dtype=self.dtype_policy)
         self.token_embedding = keras.layers.Embedding(
             self.vocab_size, self.d_model, name="token_embedding", **embedding

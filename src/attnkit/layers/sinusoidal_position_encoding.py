@@ -7,12 +7,13 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_int
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.ops.masks import _shape_str
 from attnkit.ops.position_encoding import sinusoidal_position_encoding
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class SinusoidalPositionEncoding(keras.layers.Layer):
+class SinusoidalPositionEncoding(CheckedCall, keras.layers.Layer):
     """Adds PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) to its input.
 
     The layer has no weights: the table is a constant computed once in float64 (see
@@ -44,6 +45,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     References:
         Vaswani et al., "Attention Is All You Need", 2017, section 3.5.
     """
+
+    _call_checks = dict(floats=("inputs",))
 
     def __init__(self, sequence_length, d_model, **kwargs):
         super().__init__(**kwargs)

@@ -58,7 +58,8 @@ class BertEncoder(keras.Model):
 
     Call arguments:
         token_ids: (B, T) integer ids, T <= `max_length`.
-        padding_mask: optional keep-mask (B, T), True at real tokens. Default: ids != pad_id.
+        padding_mask: optional keep-mask, (B, 1, T) True at real tokens, or any shape `EncoderLayer`
+            takes (a 2-D mask when B == T is ambiguous and refused). Default: ids != pad_id.
         training: whether dropout is active.
         token_type_ids: keyword-only, (B, T) segment ids; default all 0.
         return_attention_weights: keyword-only; also return every layer's attention weights.
@@ -158,7 +159,7 @@ class BertEncoder(keras.Model):
     ):
         ids = check_token_ids(token_ids, self.vocab_size, self.max_length, "token_ids")  # (B, T)
         if padding_mask is None and self.pad_id is not None:
-            padding_mask = ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype))  # (B, T)
+            padding_mask = ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype))[:, None, :]  # (B, 1, T)
         if self.positions == "after_padding":
             # RoBERTa's create_position_ids_from_input_ids: real tokens count from pad_id + 1, padding
             # tokens (by id, whatever the mask) stay at pad_id.

@@ -113,7 +113,7 @@ class _Stepper:
             weights = result[2] if self.with_weights else None  # n x (N, h, 1, S)
         else:
             # Every prefix token is real, even a generated padding id: hide none, as the cache does not.
-            every_token = np.ones(prefix.shape, dtype=bool)
+            every_token = np.ones((prefix.shape[0], 1, prefix.shape[1]), dtype=bool)  # (N, 1, t): never ambiguous
             result = decoder(
                 prefix, self.encoder_output, every_token, self.source_mask, training=False,
                 return_attention_weights=self.with_weights,

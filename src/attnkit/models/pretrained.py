@@ -204,7 +204,7 @@ class PretrainedEncoder:
                 self.model, return_attention_weights=return_attention_weights
             )
         outputs = self._forward[return_attention_weights](
-            ops.convert_to_tensor(token_ids), ops.convert_to_tensor(padding_mask)
+            ops.convert_to_tensor(token_ids), ops.convert_to_tensor(padding_mask[:, None, :])  # (B, 1, T)
         )
         if return_attention_weights:
             hidden, weights = outputs

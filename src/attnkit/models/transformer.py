@@ -9,13 +9,14 @@ import keras
 from keras import ops
 
 from attnkit._validation import boolean
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers.decoder import Decoder
 from attnkit.layers.encoder import Encoder
 from attnkit.layers.linear import Linear
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Transformer(keras.Model):
+class Transformer(CheckedCall, keras.Model):
     """Encoder, decoder and the final linear layer to the target vocabulary.
 
     Args:
@@ -42,17 +43,21 @@ class Transformer(keras.Model):
     >>> model((source_ids, target_in)).shape  # (B, 12, 40)
     """
 
+    _call_checks = dict(ids=("encoder_input", "decoder_input"))
+
     def __init__(
         self, enc_vocab_size, dec_vocab_size, enc_seq_length, dec_seq_length, h, d_k, d_v, d_model, d_ff, n, rate,
         *, pad_id=0, norm_first=False, activation="relu", epsilon=1e-6, tie_weights=False, **kwargs,
     ):
         super().__init__(**kwargs)
         shared = dict(pad_id=pad_id, norm_first=norm_first, activation=activation, epsilon=epsilon)
+        # Every sub-layer computes in the model's dtype policy (mixed precision included).
+        policy = self.dtype_policy
         self.encoder = Encoder(
-            enc_vocab_size, enc_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="encoder", **shared
+            enc_vocab_size, enc_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="encoder", dtype=policy, **shared
         )
         self.decoder = Decoder(
-            dec_vocab_size, dec_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="decoder", **shared
+            dec_vocab_size, dec_seq_length, h, d_k, d_v, d_model, d_ff, n, rate, name="decoder", dtype=policy, **shared
         )
         self.tie_weights = bool(boolean("tie_weights", tie_weights))
         if not self.tie_weights:
@@ -86,8 +91,12 @@ class Transformer(keras.Model):
         return self.logits(y)
 
     def encode(self, encoder_input, training=None):
-        """(encoder output (B, S, d_model), source keep-mask (B, S)) for `encoder_input` (B, S)."""
-        source_mask = self.encoder.compute_mask(encoder_input)
+        """(encoder output (B, S, d_model), source keep-mask (B, 1, S) or None) for `encoder_input` (B, S).
+
+        The mask is (B, 1, S), padding in the shape no layer reads as (T_q, T_k) (docs/decisions.md item 18).
+        """
+        source_mask = self.encoder.compute_mask(encoder_input)  # (B, S) or None
+        source_mask = None if source_mask is None else ops.expand_dims(source_mask, 1)  # (B, 1, S)
         return self.encoder(encoder_input, source_mask, training=training), source_mask
 
     def logits(self, y):

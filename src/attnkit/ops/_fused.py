@@ -101,11 +101,24 @@ def project_from_heads(heads, kernel, bias):
 def _torch(queries, keys, values, keep, causal, scale):
     import torch.nn.functional as F
 
+    if not _finite(queries, keys, values):
+        # torch's kernels lose NaN and Inf on some rows (a NaN query row, or a causal row whose only
+        # key is NaN, comes out as zeros): the explicit path's arithmetic propagates them.
+        return None
     if keep is not None and queries.device.type != "cpu":
         return _torch_accelerator(queries, keys, values, keep, scale)
     # torch's CPU kernels already give zero output (and zero gradients) on rows with nothing to attend
     # to; without a keep-mask no row is empty (square causal keeps the diagonal).
     return F.scaled_dot_product_attention(queries, keys, values, attn_mask=keep, is_causal=causal, scale=scale)
+
+
+def _finite(*tensors):
+    """Whether every element of these torch tensors is finite (True for shapes only traced on "meta")."""
+    import torch
+
+    if any(t.device.type == "meta" for t in tensors):
+        return True
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
 def _torch_accelerator(queries, keys, values, keep, scale):

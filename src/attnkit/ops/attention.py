@@ -30,7 +30,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from attnkit._validation import positive_float, positive_int, rate
+from attnkit._validation import boolean, floating, positive_float, positive_int, rate
 from attnkit.ops import _fused, _tiled
 from attnkit.ops._numerics import HALF_DTYPES, constant, scores_dtype
 from attnkit.ops.masks import _shape_str, broadcast_mask
@@ -121,6 +121,15 @@ def tile_for(scores_shape, dtype):
     return _tiled.tile_shape(scores_shape, score_dtype, min(_tiled.TILE_BYTES, max_scores_bytes()))
 
 
+def _tensors(queries, keys, values):
+    """The three inputs as backend tensors, once their dtypes (floating) and shapes (`check_qkv`) are checked."""
+    for name, x in (("queries", queries), ("keys", keys), ("values", values)):
+        floating(name, x)  # before the conversion, which fails on strings with each backend's own message
+    queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
+    check_qkv(queries, keys, values)
+    return queries, keys, values
+
+
 def check_qkv(queries, keys, values):
     """Raises a clear ValueError unless q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v) agree."""
     q, k, v = (tuple(x.shape) for x in (queries, keys, values))
@@ -191,7 +200,9 @@ def masked_softmax(scores, keep=None):
     if keep is not None:
         scores = ops.where(keep, scores, constant(np.finfo(softmax_dtype).min, softmax_dtype))
     if scores.shape[-1] == 1:
-        weights = ops.ones_like(scores)  # one key: weight 1, without Keras's warning about such softmaxes
+        # One key: weight 1, without Keras's warning about such softmaxes; exp(s - s) keeps a NaN or an
+        # infinite score NaN, as the softmax would, where a literal 1 would hide it.
+        weights = ops.exp(scores - scores)
     else:
         weights = ops.softmax(scores, axis=-1)
     if keep is not None:
@@ -223,15 +234,16 @@ def scaled_dot_product_attention(
     Raises:
         ValueError: ranks below 3, mismatched shapes, a mask that does not broadcast, a bad scale
             or dropout rate.
-        TypeError: a float mask.
+        TypeError: queries, keys or values not floating-point; a mask neither boolean nor integer;
+            `causal` or `training` not a bool.
         MemoryError: the scores (..., T_q, T_k) would exceed `max_scores_bytes()`.
 
     Example:
     >>> q = k = v = keras.random.normal((2, 5, 8))
     >>> out, w = scaled_dot_product_attention(q, k, v, causal=True)  # (2, 5, 8), (2, 5, 5)
     """
-    queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
-    check_qkv(queries, keys, values)
+    queries, keys, values = _tensors(queries, keys, values)
+    causal, training = boolean("causal", causal), boolean("training", training)
     scale = default_scale(queries, scale)
     dropout = rate("dropout", dropout)
     return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)
@@ -249,8 +261,8 @@ def fused_attention(
     CPU), they are computed a tile at a time instead, with an online softmax and a written-out
     gradient (`_tiled.py`): memory grows as T_q + T_k, not T_q * T_k, and nothing is refused.
     """
-    queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
-    check_qkv(queries, keys, values)
+    queries, keys, values = _tensors(queries, keys, values)
+    causal, training = boolean("causal", causal), boolean("training", training)
     scale = default_scale(queries, scale)
     dropout = rate("dropout", dropout)
     if dropout > 0 and training:

@@ -19,10 +19,9 @@ A 2-D mask is (B, T_k) or (T_q, T_k) by which size matches; when B == T_q it is 
 """
 
 import numpy as np
-import keras
 from keras import ops
 
-from attnkit._validation import ArgumentTypeError, positive_int
+from attnkit._validation import ArgumentTypeError, dtype_name, positive_int
 
 CONVENTION = (
     "attnkit masks are boolean with True (or a nonzero integer) = may attend, the convention of "
@@ -37,25 +36,29 @@ class MaskDtypeError(ArgumentTypeError):
     """A mask of a dtype attnkit refuses (floats). Both a TypeError and a ValueError."""
 
 
-def _dtype_name(x):
-    return keras.backend.standardize_dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype.name
-
-
 def as_bool_mask(mask, name="mask"):
     """Returns `mask` as a boolean tensor; integers count as nonzero = attend, floats are refused.
 
     Raises:
         MaskDtypeError: `mask` is a float (or other non-bool, non-integer) array.
     """
-    dtype = _dtype_name(mask)
+    dtype = check_mask_dtype(mask, name)
     if dtype == "bool":
         return ops.convert_to_tensor(mask, dtype="bool")
-    if "int" in dtype:
-        return ops.not_equal(ops.convert_to_tensor(mask), 0)
-    raise MaskDtypeError(
-        f"`{name}` must be a boolean or integer mask, not {dtype}. {CONVENTION}. "
-        f"Received: {name} with dtype={dtype}"
-    )
+    return ops.not_equal(ops.convert_to_tensor(mask), 0)
+
+
+def check_mask_dtype(mask, name="mask"):
+    """Returns the dtype name of `mask` if it is boolean or integer, else raises a MaskDtypeError.
+
+    Runs before any conversion to a tensor, so that a string mask gets this message on every backend."""
+    dtype = dtype_name(mask)
+    if dtype != "bool" and "int" not in dtype:
+        raise MaskDtypeError(
+            f"`{name}` must be a boolean or integer mask, not {dtype}. {CONVENTION}. "
+            f"Received: {name} with dtype={dtype}"
+        )
+    return dtype
 
 
 def padding_mask(token_ids, pad_id=0):
@@ -115,7 +118,11 @@ def combine_masks(*masks):
 
 
 def _from_inverted(mask, name):
-    dtype = _dtype_name(mask)
+    dtype = dtype_name(mask)
+    if dtype != "bool" and "int" not in dtype and "float" not in dtype:
+        raise MaskDtypeError(
+            f"`{name}` must be a boolean, integer or 0/1 float mask. Received: {name} with dtype={dtype}"
+        )
     x = ops.convert_to_tensor(mask)
     if dtype == "bool":
         return ops.logical_not(x)

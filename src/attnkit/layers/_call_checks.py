@@ -1,0 +1,59 @@
+"""`CheckedCall`: the checks of a layer call's arguments that must run before Keras's `Layer.__call__`.
+
+`Layer.__call__` converts every array argument to a backend tensor first, and a string array fails
+there with each backend's own message ("Invalid dtype: str32" on torch, "could not convert string to
+float" on jax). The layers list their arguments by kind, and these checks give one `TypeError` naming
+the argument and its dtype on every backend (docs/decisions.md item 19). Their `call`s check again
+what only a tensor shows (shapes, values).
+"""
+
+import functools
+import inspect
+
+from attnkit._validation import boolean, floating
+from attnkit.layers._token_ids import check_token_ids_dtype
+from attnkit.ops.masks import check_mask_dtype
+
+
+class CheckedCall:
+    """A mixin, before `keras.layers.Layer` in the bases: checks the call arguments named in
+    `_call_checks`, a dict with any of the keys "floats" (floating tensors), "ids" (token ids,
+    integers or floats), "masks" (boolean or integer keep-masks) and "flags" (bools), each a tuple of
+    `call`'s argument names."""
+
+    _call_checks = {}
+
+    def __call__(self, *args, **kwargs):
+        arguments = _bound(type(self), args, kwargs)
+        if arguments is not None:
+            check_arguments(arguments, **self._call_checks)
+        return super().__call__(*args, **kwargs)
+
+
+def check_arguments(arguments, floats=(), ids=(), masks=(), flags=()):
+    """Checks the named entries of `arguments` (name -> value); None values pass."""
+    for check, names in ((floating, floats), (check_token_ids_dtype, ids), (_mask, masks), (boolean, flags)):
+        for name in names:
+            value = arguments.get(name)
+            if isinstance(value, (tuple, list)) and value and hasattr(value[0], "shape"):
+                for part in value:  # a pair of tensors in one argument, as `fit` passes a model's inputs
+                    check(name, part)
+            elif value is not None:
+                check(name, value)
+
+
+def _mask(name, value):
+    check_mask_dtype(value, name)
+
+
+def _bound(cls, args, kwargs):
+    """`call`'s arguments by name, or None when they do not bind (Keras's own error then follows)."""
+    try:
+        return _signature(cls).bind_partial(None, *args, **kwargs).arguments  # None: `self`
+    except TypeError:
+        return None
+
+
+@functools.cache
+def _signature(cls):
+    return inspect.signature(cls.call)
