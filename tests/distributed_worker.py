@@ -53,7 +53,8 @@ def variable_devices(model):
 
 
 single_history = train_dates(CONFIG, verbose=0)[2].history
-translator, _, history = train_dates(CONFIG, verbose=0, data_parallel=True)
+log = []
+translator, _, history = train_dates(CONFIG, verbose=0, data_parallel=True, log=log.append)
 plan = data_parallel_plan()
 
 translator.save(os.path.join(OUT, "model"))
@@ -65,6 +66,8 @@ result = {
     "data_parallel": {k: history.history[k] for k in ("loss", "val_loss")},
     "split": split_batch(plan, np.tile(translator.encode_sources(TEXTS), (CONFIG.batch_size // len(TEXTS), 1))),
     "variable_devices": variable_devices(translator.model),
+    "log": log,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
     "texts": TEXTS,
     "translations": translations,
 }
