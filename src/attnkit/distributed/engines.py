@@ -196,6 +196,7 @@ class TensorflowEngine(Engine):
 
     def prepare(self, model):
         self.model = model
+        _mean_logs_over_workers(self.strategy)
 
     def fit_arguments(self, x, y, sample_weight, batch_size):
         tf = self.tf
@@ -243,3 +244,25 @@ def start_engine(backend, rank, world, host, port, timeout):
 def ports_needed(backend, port, world):
     """The ports on the coordinator's host that a run of `world` processes listens on."""
     return [port + i for i in range(world)] if backend == "tensorflow" else [port]
+
+
+def _mean_logs_over_workers(strategy):
+    """Keras 3 reduces `fit`'s per-replica logs under MultiWorkerMirroredStrategy with
+    strategy.reduce("MEAN", v, axis=0), which fails on the scalar loss ("Invalid reduction dimension 0");
+    for this strategy, scalars are averaged over the replicas with axis=None instead, what "MEAN"
+    means for them. Installed once; other strategies keep Keras's own reduction."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer
+
+    original = getattr(trainer.reduce_per_replica, "__wrapped__", trainer.reduce_per_replica)
+
+    def reduce_per_replica(values, reduce_strategy, reduction):
+        if reduce_strategy is not strategy or reduction != "auto":
+            return original(values, reduce_strategy, reduction)
+        return tf.nest.map_structure(
+            lambda v: reduce_strategy.reduce("MEAN", v, axis=None) if isinstance(v, tf.distribute.DistributedValues) else v,
+            values,
+        )
+
+    reduce_per_replica.__wrapped__ = original
+    trainer.reduce_per_replica = reduce_per_replica
