@@ -11,6 +11,7 @@ Four runs of the CLI per backend, in subprocesses, on a tiny model (d_model 16, 
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -219,6 +220,24 @@ def test_coordinator_and_process_arguments_are_checked():
     for bad in ("10.0.0.1", ":1234", "host:0", "host:70000", "host:x"):
         with pytest.raises(ValueError, match=rf"--coordinator must be HOST:PORT .* Received: --coordinator='{bad}'"):
             parse_coordinator(bad)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--processes", "2", "--data-parallel"], "--data-parallel (one process over its devices) and --processes cannot be combined"),
+    (["--processes", "3", "--batch-size", "16"], r"--batch-size must be a multiple of --processes \(3\) .* Received: batch_size=16"),
+    (["--process-id", "1", "--processes", "2"], "--process-id needs --coordinator HOST:PORT"),
+    (["--process-id", "2", "--processes", "2", "--coordinator", "127.0.0.1:29500"], r"--process-id must be in 0\.\.1 for --processes 2"),
+    (["--processes", "2", "--coordinator", "10.0.0.1:29500"], "--processes without --process-id starts workers on this machine only"),
+    (["--processes", "2", "--coordinator", "127.0.0.1"], "--coordinator must be HOST:PORT"),
+])
+def test_wrong_process_options_are_one_line_before_anything_starts(arguments, message, tmp_path, capsys):
+    from attnkit.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", *arguments, "--output-dir", str(out)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert re.search(message, line), line
+    assert not out.exists()
 
 
 def test_workers_get_the_launchers_own_options():

@@ -56,6 +56,9 @@ def run(args, config, parser):
     args.processes = args.processes or 1  # --resume alone: one process
     if args.data_parallel:
         raise ValueError("--data-parallel (one process over its devices) and --processes cannot be combined")
+    if config.batch_size % args.processes:
+        raise ValueError(f"--batch-size must be a multiple of --processes ({args.processes}) so that every process "
+                         f"gets an equal share. Received: batch_size={config.batch_size}")
     if args.process_id is None:
         if args.coordinator:
             host, port = parse_coordinator(args.coordinator)
@@ -86,17 +89,21 @@ def _worker(args, config, backend):
         launcher.check_ports(host, [listens[rank]])
     elif backend != "tensorflow" and rank == 0:
         launcher.check_ports(host, listens)
+    from attnkit.cli import one_line
+
     log = _printer if rank == 0 else (lambda line: None)
     start = time.perf_counter()
     failed = f"{who}: could not join the run at {host}:{port} within {args.timeout} s"
     try:
         # The engine's own time-out ends the wait, or failing that the deadline (a few seconds later).
         with Deadline(f"{failed}: no answer", args.timeout + JOIN_GRACE_SECONDS):
+            if rank != 0:  # process 0 is the coordinator
+                launcher.wait_for_listener(host, port, args.timeout)
             engine = engines.start_engine(backend, rank, world, host, port, args.timeout)
     except ValueError:
         raise
     except Exception as e:  # noqa: BLE001 - each engine has its own error types for "cannot connect"
-        raise ConnectionError(f"{failed}: {_first_line(e)}") from None
+        raise ConnectionError(f"{failed}: {one_line(e)}") from None
     b = engine.local_batch(config.batch_size)
     log(f"engine: {engine.name}; world size {world} (processes); this is process {rank}")
     log(f"per-process batch {b}; global batch {config.batch_size}")
@@ -133,8 +140,3 @@ def save_atomically(translator, directory):
 
 def _printer(line):
     print(line, flush=True)
-
-
-def _first_line(error):
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__

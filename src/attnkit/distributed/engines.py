@@ -22,6 +22,7 @@ import tempfile
 
 import keras
 
+from attnkit.distributed.watchdog import FIRST_STEP_SECONDS
 
 SEED_STRIDE = 1_000_003  # between the dropout seeds of two torch processes
 
@@ -149,7 +150,7 @@ class JaxEngine(Engine):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of other processes
         jax.distributed.initialize(
             f"{host}:{port}", num_processes=world, process_id=rank, initialization_timeout=timeout,
-            heartbeat_timeout_seconds=max(timeout, 10),
+            heartbeat_timeout_seconds=2 * timeout,  # after attnkit's own step watchdog
         )
         self.devices = jax.devices()  # of all processes
         # Each process feeds its own share: Keras must not shard it again (it refuses arrays on several
@@ -179,7 +180,9 @@ class TensorflowEngine(Engine):
                 "task": {"type": "worker", "index": rank},
             })
         self.tf = tf
-        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+        # Long enough for one worker compiling its first step while another waits; a collective stuck
+        # later is ended sooner by the step watchdog (docs/decisions.md item 43).
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=max(timeout, FIRST_STEP_SECONDS))
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         found = self.strategy.cluster_resolver.task_id, self.strategy.num_replicas_in_sync
         if found != (rank, world):

@@ -42,6 +42,27 @@ def check_ports(host, ports):
             raise OSError(f"port {port} on {host} is in use; choose another with --coordinator {host}:PORT")
 
 
+def wait_for_listener(host, port, seconds):
+    """Waits until something accepts connections at host:port.
+
+    Some engines end the process from C++ when their coordinator does not answer (jax's client aborts
+    with a stack dump), so the workers other than 0 wait here, in Python, first.
+
+    Raises:
+        ConnectionError: nothing answered within `seconds`, with the last reason.
+    """
+    deadline, reason = time.monotonic() + seconds, "no answer"
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))):
+                return
+        except OSError as e:
+            reason = e.strerror or type(e).__name__
+        if time.monotonic() >= deadline:
+            raise ConnectionError(reason)
+        time.sleep(0.2)
+
+
 def free_ports(count, attempts=50):
     """A first port p such that p .. p + count - 1 are free on 127.0.0.1."""
     for _ in range(attempts):
