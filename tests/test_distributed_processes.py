@@ -36,7 +36,7 @@ TEXTS = ["March 3, 2021", "the 4th of july 1976", "12/25/99", "2001/9/11"]
 # 24 Adam steps; measured: see docs/distributed.md. 1e-4 is far above that and far below a real
 # difference (a global batch of 8 instead of 16 moves the first epoch's loss by over 1%).
 LOSS_RTOL = 1e-4
-# Faults must end the run within this bound (issue 23); the launcher notices a dead worker in 0.1 s.
+# Faults must end the run within this bound (issue 23); the launcher polls its workers every 0.1 s.
 FAULT_SECONDS = 60
 
 

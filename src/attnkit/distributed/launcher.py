@@ -17,6 +17,7 @@ import time
 LOCALHOST = "127.0.0.1"
 POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 5
+CAUSE_SECONDS = 0.5
 
 
 class WorkerFailed(ChildProcessError):
@@ -119,18 +120,20 @@ def launch(worker_arguments, processes, port):
 
 def _watch(workers, logs):
     while True:
-        running = False
-        for rank, worker in enumerate(workers):
-            status = worker.poll()
-            if status is None:
-                running = True
-            elif status != 0:
-                raise WorkerFailed(
-                    f"worker {rank} of {len(workers)} (pid {worker.pid}) {_cause(status, logs[rank])}; "
-                    f"the other workers were stopped"
-                )
-        if not running:
+        statuses = [worker.poll() for worker in workers]
+        if all(status == 0 for status in statuses):
             return 0
+        if any(status not in (None, 0) for status in statuses):
+            # A worker that dies takes its peers' collectives down with it, and they may exit first:
+            # give them a moment, then name a worker killed by a signal before one that saw the error.
+            time.sleep(CAUSE_SECONDS)
+            statuses = [worker.poll() for worker in workers]
+            failed = [rank for rank, status in enumerate(statuses) if status not in (None, 0)]
+            rank = min(failed, key=lambda r: (statuses[r] > 0, r))
+            raise WorkerFailed(
+                f"worker {rank} of {len(workers)} (pid {workers[rank].pid}) {_cause(statuses[rank], logs[rank])}; "
+                f"the other workers were stopped"
+            )
         time.sleep(POLL_SECONDS)
 
 
