@@ -20,6 +20,10 @@ if BACKEND == "tensorflow":
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
+from attnkit.distributed.local import relax_xla_collective_timeouts  # noqa: E402
+
+# What `attnkit train --data-parallel` does before jax starts (here the one-device run comes first).
+RELAXED = relax_xla_collective_timeouts() if BACKEND == "jax" else None
 import attnkit  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
@@ -68,6 +72,7 @@ result = {
     "variable_devices": variable_devices(translator.model),
     "log": log,
     "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "xla_flags_in_time": RELAXED,
     "texts": TEXTS,
     "translations": translations,
 }

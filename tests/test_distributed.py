@@ -69,6 +69,7 @@ def test_data_parallel_log_names_the_engine_and_the_devices(two_devices):
     engine = {"jax": "keras.distribution.DataParallel (jax)", "tensorflow": "tf.distribute.MirroredStrategy"}[backend]
     assert result["log"] == [f"engine: {engine}; 2 devices: {', '.join(result['devices'])}; global batch 16, 8 per device"]
     if backend == "jax":  # XLA's rendezvous abort (exit 134) is pushed past the step watchdog
+        assert result["xla_flags_in_time"] is True
         assert "--xla_cpu_collective_call_terminate_timeout_seconds=86400" in result["xla_flags"]
 
 
