@@ -249,3 +249,16 @@ def test_workers_get_the_launchers_own_options():
     assert argv == ["--epochs", "3", "--dropout", "0.0", "--output-dir", "runs/x", "--force", "--timeout", "9"]
     again = build_parser().parse_args(["train", *argv])
     assert (again.epochs, again.dropout, again.force, again.timeout, again.processes) == (3, 0.0, True, 9, None)
+
+
+def test_bench_expected_scaling_follows_from_the_step_times():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import distributed as bench
+
+    # t1 = 1.0 s, t2 = 0.6 s: a = 0.6 - 0.5 = 0.1 s; 4 cores: 1 / (0.25 + 2 * 0.1 * 3 / 4) = 2.5
+    speedup, allreduce = bench.expected_speedup(1.0, 0.6, 4)
+    assert allreduce == pytest.approx(0.1) and speedup == pytest.approx(2.5)
+    assert bench.expected_speedup(1.0, 0.6, 2)[0] == pytest.approx(1.0 / 0.6)  # P = 2 gives back t1 / t2
+    assert bench.expected_speedup(1.0, 0.4, 8) == (pytest.approx(8.0), 0.0)  # faster than an even split: no all-reduce
+    line = "epoch 2/2: loss 3.5; 0.250 s, 256.0 samples/s"
+    assert bench.EPOCH_LINE.match(line).groups() == ("2", "2", "0.250", "256.0")
