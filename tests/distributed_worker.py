@@ -20,6 +20,10 @@ if BACKEND == "tensorflow":
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
+from attnkit.distributed.local import relax_xla_collective_timeouts  # noqa: E402
+
+# What `attnkit train --data-parallel` does before jax starts (here the one-device run comes first).
+RELAXED = relax_xla_collective_timeouts() if BACKEND == "jax" else None
 import attnkit  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
@@ -53,7 +57,8 @@ def variable_devices(model):
 
 
 single_history = train_dates(CONFIG, verbose=0)[2].history
-translator, _, history = train_dates(CONFIG, verbose=0, data_parallel=True)
+log = []
+translator, _, history = train_dates(CONFIG, verbose=0, data_parallel=True, log=log.append)
 plan = data_parallel_plan()
 
 translator.save(os.path.join(OUT, "model"))
@@ -65,6 +70,9 @@ result = {
     "data_parallel": {k: history.history[k] for k in ("loss", "val_loss")},
     "split": split_batch(plan, np.tile(translator.encode_sources(TEXTS), (CONFIG.batch_size // len(TEXTS), 1))),
     "variable_devices": variable_devices(translator.model),
+    "log": log,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "xla_flags_in_time": RELAXED,
     "texts": TEXTS,
     "translations": translations,
 }

@@ -7,6 +7,7 @@ every backend's pass; the model they save is loaded here, in this plain one-devi
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -61,6 +62,39 @@ def test_data_parallel_loss_matches_one_device(two_devices):
     assert len(result["devices"]) == 2
     for key in ("loss", "val_loss"):  # mean loss over the 8 steps; loss of the final weights
         np.testing.assert_allclose(result["data_parallel"][key], result["single"][key], rtol=LOSS_RTOL)
+
+
+def test_data_parallel_log_names_the_engine_and_the_devices(two_devices):
+    backend, _, result = two_devices
+    engine = {"jax": "keras.distribution.DataParallel (jax)", "tensorflow": "tf.distribute.MirroredStrategy"}[backend]
+    assert result["log"] == [f"engine: {engine}; 2 devices: {', '.join(result['devices'])}; global batch 16, 8 per device"]
+    if backend == "jax":  # XLA's rendezvous abort (exit 134) is pushed past the step watchdog
+        assert result["xla_flags_in_time"] is True
+        assert "--xla_cpu_collective_call_terminate_timeout_seconds=86400" in result["xla_flags"]
+
+
+def test_step_watchdog_turns_a_stuck_step_into_one_line():
+    code = (
+        "import time; from attnkit.distributed.watchdog import StepWatchdog; "
+        "w = StepWatchdog('worker 3 of 4', 1, 2); w.on_train_begin(); w.on_train_batch_end(0); time.sleep(30)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], env=_environment("torch"), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    (line,) = run.stderr.strip().splitlines()
+    assert re.fullmatch(r"attnkit: error: worker 3 of 4: no training step finished in [12] s: a collective is stuck "
+                        r"\(another process died or cannot be reached, or the machine is overloaded\)", line)
+
+
+def test_xla_collective_time_outs_are_raised_and_the_users_flags_kept(monkeypatch):
+    from attnkit.distributed import local
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_collective_timeout_seconds=5")
+    if not local.relax_xla_collective_timeouts():
+        pytest.skip("jax has started in this process: the flags can only be checked in a fresh one (the worker does)")
+    flags = os.environ["XLA_FLAGS"].split()
+    assert flags[:2] == ["--xla_force_host_platform_device_count=2", "--xla_cpu_collective_timeout_seconds=5"]
+    assert "--xla_cpu_collective_call_terminate_timeout_seconds=86400" in flags
+    assert not any(f.startswith("--xla_cpu_collective_timeout_seconds=86400") for f in flags)
 
 
 def test_each_device_holds_half_of_the_batch(two_devices):

@@ -21,6 +21,7 @@ import numpy as np
 
 from attnkit._atomic_save import replace_files
 from attnkit.distributed import data_parallel_plan, single_device_plan
+from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, STEP_SECONDS, StepWatchdog
 from attnkit.models.decoding import beam_search, greedy_decode
 from attnkit.models.transformer import Transformer
 from attnkit.tasks import dates
@@ -305,7 +306,7 @@ def build_model(config, tokenizer):
     )
 
 
-def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_parallel=False):
+def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_parallel=False, log=None):
     """Trains a `Transformer` on the date task with `fit`.
 
     Args:
@@ -314,6 +315,9 @@ def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_paral
         time_budget: optional seconds after which training stops at the end of an epoch.
         data_parallel: train over all local devices (and hosts) with the backend's distributed engine,
             keeping `config.batch_size` as the global batch; see `attnkit.distributed` (jax, tensorflow).
+            A step that does not finish within a minute (five for the first) ends the process with one
+            line (`attnkit.distributed.watchdog`).
+        log: called with one line naming the engine and the devices, when given.
 
     Returns:
         (DateTranslator, validation pairs, keras History).
@@ -323,6 +327,8 @@ def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_paral
     """
     plan = data_parallel_plan() if data_parallel else single_device_plan()
     batch_size = plan.local_batch_size(config.batch_size)  # this process's share of the global batch
+    if log:
+        log(f"{plan.describe()}; global batch {config.batch_size}, {config.batch_size // plan.num_devices} per device")
     keras.utils.set_random_seed(config.seed)
     tokenizer = dates.CharTokenizer()
     train, validation = dates.train_validation_split(config.n_train, config.n_validation, seed=config.seed)
@@ -338,6 +344,8 @@ def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_paral
             weighted_metrics=["accuracy"],
         )
         callbacks = [_TimeBudget(time_budget)] if time_budget else []
+        if data_parallel:
+            callbacks.append(StepWatchdog("data-parallel training", STEP_SECONDS, FIRST_STEP_SECONDS))
         history = model.fit(
             (source, decoder_input), decoder_target, sample_weight=weights,
             batch_size=batch_size, epochs=config.epochs,

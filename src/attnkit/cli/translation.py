@@ -27,7 +27,8 @@ def add_commands(commands):
 
     train = commands.add_parser("train", help="train a Transformer on the date task and save it")
     _training_options(train, default_dir=None)
-    train.set_defaults(run=_train)
+    _process_options(train)
+    train.set_defaults(run=_train, parser=train)
 
     translate = commands.add_parser("translate", help="translate texts with a model saved by train or demo")
     translate.add_argument("texts", nargs="*", help="texts to translate (default: one per line from stdin)")
@@ -45,10 +46,12 @@ def _training_options(parser, default_dir):
     parser.add_argument("--epochs", type=positive_int, default=d.epochs, help=f"default {d.epochs}")
     parser.add_argument("--batch-size", type=positive_int, default=d.batch_size, help=f"default {d.batch_size}")
     parser.add_argument("--train-size", type=positive_int, default=d.n_train, help=f"training examples (default {d.n_train})")
+    parser.add_argument("--validation-size", type=positive_int, default=d.n_validation, help=f"held-out examples (default {d.n_validation})")
     parser.add_argument("--d-model", type=positive_int, default=d.d_model, help=f"default {d.d_model}")
     parser.add_argument("--heads", type=positive_int, default=d.h, help=f"default {d.h}")
     parser.add_argument("--layers", type=positive_int, default=d.n, help=f"encoder and decoder layers (default {d.n})")
     parser.add_argument("--d-ff", type=positive_int, default=d.d_ff, help=f"default {d.d_ff}")
+    parser.add_argument("--dropout", type=float, default=d.rate, help=f"dropout rate in [0, 1) (default {d.rate})")
     parser.add_argument("--seed", type=non_negative_int, default=d.seed, help=f"data and initialisation seed (default {d.seed})")
     parser.add_argument(
         "--output-dir", metavar="DIR", default=default_dir, required=default_dir is None,
@@ -62,14 +65,26 @@ def _training_options(parser, default_dir):
     )
 
 
+def _process_options(parser):
+    """Multi-process training (attnkit.distributed; docs/distributed.md)."""
+    parser.add_argument("--processes", type=positive_int, help="train data-parallel in N processes (--batch-size stays the global batch)")
+    parser.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address; with --process-id: run one worker of a multi-machine job")
+    parser.add_argument("--process-id", type=non_negative_int, help="this worker's index, 0 .. N-1 (with --coordinator and --processes)")
+    parser.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --output-dir/checkpoints")
+    parser.add_argument("--timeout", type=positive_int, default=60, help="seconds to wait for the other processes, and for one step (default 60)")
+
+
 def _config(args):
     from attnkit.translation import TrainConfig
 
     if args.d_model % args.heads:
         raise CommandError(f"--d-model ({args.d_model}) must be a multiple of --heads ({args.heads})")
+    if not 0 <= args.dropout < 1:
+        raise CommandError(f"--dropout must be in [0, 1). Received: --dropout={args.dropout}")
     return TrainConfig(
-        epochs=args.epochs, batch_size=args.batch_size, n_train=args.train_size, d_model=args.d_model,
-        h=args.heads, n=args.layers, d_ff=args.d_ff, seed=args.seed,
+        epochs=args.epochs, batch_size=args.batch_size, n_train=args.train_size, n_validation=args.validation_size,
+        d_model=args.d_model,
+        h=args.heads, n=args.layers, d_ff=args.d_ff, seed=args.seed, rate=args.dropout,
     )
 
 
@@ -122,12 +137,19 @@ def _fit(args):
 
     start = time.perf_counter()
     translator, validation, _ = train_dates(
-        _config(args), verbose=0 if args.quiet else 1, data_parallel=args.data_parallel
+        _config(args), verbose=0 if args.quiet else 1, data_parallel=args.data_parallel,
+        log=print if args.data_parallel else None,
     )
     return translator, validation, time.perf_counter() - start
 
 
 def _train(args):
+    if args.processes or args.coordinator or args.process_id is not None or args.resume:
+        from attnkit.distributed import command
+
+        if not args.process_id and not args.resume:  # the launcher, or process 0 of a multi-machine run
+            _check_output_dir(args.output_dir, args.force, ())
+        return command.run(args, _config(args), args.parser)
     return _with_output_dir(args, (), _run_train)
 
 

@@ -23,6 +23,15 @@ import os
 import keras
 
 SUPPORTED_BACKENDS = ("jax", "tensorflow")
+ENGINE_NAMES = {"DataParallel": "keras.distribution.DataParallel (jax)", "MirroredStrategy": "tf.distribute.MirroredStrategy"}
+# XLA's CPU collectives abort the process (exit 134, a stack dump) when a rendezvous waits longer than
+# their default; on a busy machine a slow device thread is enough. Raised so far that they never fire
+# first: attnkit's step watchdog ends a truly stuck run with one line (docs/decisions.md item 43).
+XLA_COLLECTIVE_FLAGS = (
+    "--xla_cpu_collective_call_terminate_timeout_seconds=86400",
+    "--xla_cpu_collective_timeout_seconds=86400",
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=86400",
+)
 MULTI_HOST_VARIABLES = (
     "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID",
 )
@@ -46,6 +55,14 @@ class DataParallelPlan:
     @property
     def num_devices(self):
         return len(self.devices)
+
+    def describe(self):
+        """One log line: the engine and the devices, e.g. "engine: keras.distribution.DataParallel (jax);
+        2 devices: cpu:0, cpu:1"."""
+        name = "none (one device)" if self.engine is None else ENGINE_NAMES.get(type(self.engine).__name__, type(self.engine).__name__)
+        count = f"{self.num_devices} device{'s' if self.num_devices > 1 else ''}"
+        hosts = f" on {self.process_count} processes" if self.process_count > 1 else ""
+        return f"engine: {name}; {count}{hosts}: {', '.join(self.devices)}"
 
     def scope(self):
         """The context manager under which the model must be created, compiled and trained."""
@@ -105,11 +122,33 @@ def data_parallel_plan(backend=None):
     raise ValueError(
         f"Data-parallel training is supported on the {' and '.join(SUPPORTED_BACKENDS)} backends, not on "
         f"{backend}. Switch the backend with the KERAS_BACKEND environment variable, e.g. "
-        f"KERAS_BACKEND=jax attnkit train --data-parallel ..."
+        f"KERAS_BACKEND=jax attnkit train --data-parallel ...; or train in several processes, on every backend, "
+        f"with attnkit train --processes N"
     )
 
 
+def relax_xla_collective_timeouts():
+    """Adds `XLA_COLLECTIVE_FLAGS` to XLA_FLAGS (those the user set are kept) if jax has not started yet.
+
+    Returns:
+        Whether XLA will read them (False once jax's backends are initialised: the flags are read once).
+    """
+    try:
+        from jax._src import xla_bridge
+
+        started = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):  # a jax without this function: set them and hope
+        started = False
+    if started:
+        return False
+    flags = os.environ.get("XLA_FLAGS", "")
+    extra = [f for f in XLA_COLLECTIVE_FLAGS if f.split("=")[0] not in flags]
+    os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
+    return True
+
+
 def _jax_plan():
+    relax_xla_collective_timeouts()
     import jax
 
     if any(name in os.environ for name in MULTI_HOST_VARIABLES) and not jax.distributed.is_initialized():
