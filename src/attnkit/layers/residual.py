@@ -32,7 +32,8 @@ class Residual(keras.layers.Layer):
 
     Call arguments:
         x: (B, T, d_model), the sub-layer's input.
-        sublayer: a callable of one tensor (B, T, d_model) -> (B, T, d_model).
+        sublayer: a callable of one tensor (B, T, d_model) -> (B, T, d_model), passed by keyword
+            (Keras takes only tensors positionally).
         training: whether dropout is active.
 
     Returns:
@@ -44,7 +45,7 @@ class Residual(keras.layers.Layer):
 
     Example:
     >>> ffn = FeedForward(d_ff=64, d_model=16)
-    >>> Residual(RMSNorm(), norm_first=True)(keras.random.normal((2, 5, 16)), ffn).shape  # (2, 5, 16)
+    >>> Residual(RMSNorm(), norm_first=True)(keras.random.normal((2, 5, 16)), sublayer=ffn).shape  # (2, 5, 16)
     """
 
     def __init__(self, norm, *, norm_first=False, dropout=0.0, seed=None, **kwargs):
@@ -58,10 +59,10 @@ class Residual(keras.layers.Layer):
         self.dropout = keras.layers.Dropout(self.dropout_rate, seed=seed, dtype=self.dtype_policy)
         self.supports_masking = True
 
-    def build(self, x_shape, sublayer=None):
+    def build(self, x_shape):
         self.norm.build(x_shape)
 
-    def call(self, x, sublayer, training=None):
+    def call(self, x, sublayer=None, training=None):
         if not callable(sublayer):
             raise TypeError(f"`sublayer` must be callable. Received: sublayer of type {type(sublayer).__name__}")
         inner = call_sublayer(self.norm, x) if self.norm_first else x
@@ -77,7 +78,7 @@ class Residual(keras.layers.Layer):
             return x + out  # (B, T, d_model)
         return call_sublayer(self.norm, x + out)  # (B, T, d_model)
 
-    def compute_output_shape(self, x_shape, sublayer=None):
+    def compute_output_shape(self, x_shape):
         return tuple(x_shape)
 
     def get_config(self):

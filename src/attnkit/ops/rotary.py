@@ -93,6 +93,7 @@ def apply_rotary(x, cos, sin):
     >>> cos, sin = rotary_cos_sin(ops.arange(5), d=8)
     >>> apply_rotary(keras.random.normal((2, 4, 5, 8)), cos, sin).shape  # (2, 4, 5, 8)
     """
+    x = ops.convert_to_tensor(x)
     if x.shape[-1] != cos.shape[-1]:
         raise ValueError(
             f"`x` must have width {cos.shape[-1]}, the rotary angles' width. Received: x.shape={tuple(x.shape)}"
