@@ -6,6 +6,8 @@
     attnkit embed       sentence embeddings of texts (arguments, a file, or stdin) to .npy or JSON lines
     attnkit similarity  the cosine similarity matrix of texts, as a table
     attnkit heads       a PNG of every head's attention in one layer, for one sentence
+    attnkit generate    continues a prompt with a language model (default SmolLM2-135M-Instruct), streamed
+    attnkit chat        chats with the language model, interactively or from piped stdin
 
 embed, similarity and heads use the embedded all-MiniLM-L6-v2 model, or `--model DIR`.
 
@@ -16,7 +18,7 @@ import os
 import re
 import sys
 
-from attnkit.cli import pretrained, translation
+from attnkit.cli import generation, pretrained, translation
 from attnkit.cli.errors import CommandError, Parser
 
 __all__ = ["CommandError", "build_parser", "main"]
@@ -27,6 +29,7 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     translation.add_commands(commands)  # demo, train, translate
     pretrained.add_commands(commands)  # embed, similarity, heads
+    generation.add_commands(commands)  # generate, chat
     return parser
 
 

