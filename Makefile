@@ -33,6 +33,7 @@ test: install-dev
 bench: install-dev
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/distributed.py
+	$(PY) benchmarks/lm_generation.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

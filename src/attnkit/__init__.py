@@ -20,6 +20,9 @@ from attnkit.layers import (
 )
 from attnkit.models import BertEncoder, PretrainedEncoder, load_pretrained
 from attnkit.models.decoding import Decoded, beam_search, greedy_decode
+from attnkit.models.causal_checkpoint import load_causal_lm
+from attnkit.models.causal_lm import CausalLM
+from attnkit.models.causal_pretrained import PretrainedCausalLM
 from attnkit.models.transformer import Transformer
 from attnkit.ops import (
     MaskDtypeError,
@@ -39,6 +42,7 @@ __all__ = [
     "AddNormalization",
     "AdditiveAttention",
     "BertEncoder",
+    "CausalLM",
     "Decoded",
     "Decoder",
     "DecoderLayer",
@@ -50,6 +54,7 @@ __all__ = [
     "MaskDtypeError",
     "MultiHeadAttention",
     "PositionEmbeddingFixedWeights",
+    "PretrainedCausalLM",
     "PretrainedEncoder",
     "SinusoidalPositionEncoding",
     "Transformer",
@@ -60,6 +65,7 @@ __all__ = [
     "from_key_padding_mask",
     "fused_attention",
     "greedy_decode",
+    "load_causal_lm",
     "load_pretrained",
     "padding_mask",
     "scaled_dot_product_attention",

@@ -7,6 +7,8 @@
     attnkit similarity  the cosine similarity matrix of texts, as a table
     attnkit heads       a PNG of every head's attention in one layer, for one sentence
     attnkit explore     an interactive page of the attention heads, served locally or exported to HTML
+    attnkit generate    continues a prompt with a language model (default SmolLM2-135M-Instruct), streamed
+    attnkit chat        chats with the language model, interactively or from piped stdin
 
 embed, similarity and heads use the embedded all-MiniLM-L6-v2 model, or `--model DIR`.
 
@@ -17,7 +19,7 @@ import os
 import re
 import sys
 
-from attnkit.cli import explore, pretrained, translation
+from attnkit.cli import explore, generation, pretrained, translation
 from attnkit.cli.errors import CommandError, Parser
 
 __all__ = ["CommandError", "build_parser", "main"]
@@ -29,6 +31,7 @@ def build_parser():
     translation.add_commands(commands)  # demo, train, translate
     pretrained.add_commands(commands)  # embed, similarity, heads
     explore.add_commands(commands)  # explore
+    generation.add_commands(commands)  # generate, chat
     return parser
 
 

@@ -102,15 +102,23 @@ def _heads(args):
     if not args.output.lower().endswith(".png"):
         raise CommandError(f"--output must end in .png. Received: {args.output}")
     check_output_file(args.output, args.force)
-    encoder = _load(args)
+    if args.lm:
+        from attnkit.models.causal_checkpoint import load_causal_lm
+
+        encoder = load_causal_lm(args.model)
+    else:
+        encoder = _load(args)  # a GGUF or llama / mistral / qwen2 --model is a language model too
     if not -encoder.n <= args.layer < encoder.n:
         raise CommandError(
             f"--layer must be in [{-encoder.n}, {encoder.n - 1}] (0 = first, -1 = last) for this {encoder.n}-layer "
             f"model. Received: {args.layer}"
         )
     with _warnings_as_lines():  # tokens and attentions both truncate: one warning line
-        tokens = encoder.tokens(args.sentence)
-        weights = encoder.attentions(args.sentence)[args.layer]  # (h, T, T)
+        if hasattr(encoder, "stream_chat"):  # a language model: causal attention of one layer
+            weights, tokens = encoder.attentions(args.sentence, args.layer)  # (h, T, T)
+        else:
+            tokens = encoder.tokens(args.sentence)
+            weights = encoder.attentions(args.sentence)[args.layer]  # (h, T, T)
     layer = args.layer % encoder.n
     title = f"layer {layer}: attention of each head (rows attend to columns)"
     write_output_file(args.output, lambda path: plot_attention(weights, tokens, tokens, title=title, path=path))
@@ -159,6 +167,7 @@ def add_commands(commands):
     heads.add_argument("--layer", type=int, default=0, help="layer index, 0 = first, -1 = last (default 0)")
     heads.add_argument("--output", metavar="PNG", default="heads.png", help="the image to write (default heads.png)")
     heads.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    heads.add_argument("--lm", action="store_true", help="draw the language model's heads (default SmolLM2, or --model)")
     _add_model_option(heads)
     heads.set_defaults(run=_heads)
 

@@ -17,6 +17,7 @@ from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
 from attnkit.ops import _fused
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
+from attnkit.ops.grouped_attention import grouped_query_attention
 from attnkit.ops.linear import linear
 from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
 
@@ -35,6 +36,9 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         kernel_initializer: initializer of the projection kernels. Default "glorot_uniform".
         bias_initializer: initializer of the biases. Default "zeros".
         seed: optional int seed for the dropout.
+        num_kv_heads: number of key/value heads h_kv, dividing h (keyword-only). Default h
+            (multi-head attention); fewer is grouped-query attention, 1 multi-query attention
+            (docs/decisions.md item 33). W_k and W_v then have h_kv * d_k and h_kv * d_v outputs.
         **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
 
     Call arguments:
@@ -70,7 +74,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
 
     def __init__(
         self, h, d_k, d_v, d_model, *, dropout=0.0, use_bias=True, kernel_initializer="glorot_uniform",
-        bias_initializer="zeros", seed=None, **kwargs,
+        bias_initializer="zeros", seed=None, num_kv_heads=None, **kwargs,
     ):
         super().__init__(**kwargs)
         self.h = positive_int("h", h)
@@ -82,6 +86,11 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = seed
+        self.num_kv_heads = self.h if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+        if self.h % self.num_kv_heads:
+            raise ValueError(
+                f"`num_kv_heads` must divide `h`. Received: num_kv_heads={self.num_kv_heads}, h={self.h}"
+            )
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.supports_masking = True
         dense = dict(
@@ -89,8 +98,8 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
             bias_initializer=self.bias_initializer, dtype=self.dtype_policy,
         )
         self.W_q = Linear(self.h * self.d_k, name="W_q", **dense)
-        self.W_k = Linear(self.h * self.d_k, name="W_k", **dense)
-        self.W_v = Linear(self.h * self.d_v, name="W_v", **dense)
+        self.W_k = Linear(self.num_kv_heads * self.d_k, name="W_k", **dense)
+        self.W_v = Linear(self.num_kv_heads * self.d_v, name="W_v", **dense)
         self.W_o = Linear(self.d_model, name="W_o", **dense)
         # Whether the keys' Keras mask joins an explicit `mask` when Keras did not fill `keys_mask`.
         # The encoder and decoder layers turn it off: their masks already say which keys to hide.
@@ -151,7 +160,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         bias = _fused.concat_last([d.bias for d in projections], dtype) if self.use_bias else None  # (sum h * d,)
         y = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, sum h * d)
         parts = _fused.split_last(y, [d.units for d in projections])  # (B, T, h * d) each
-        return [_fused.split_heads(part, self.h, d.units // self.h) for part, d in zip(parts, projections)]  # (B, h, T, d)
+        return [_fused.split_heads(part, self._heads(d), d.units // self._heads(d)) for part, d in zip(parts, projections)]  # (B, h, T, d)
 
     def project_keys_values(self, keys, values):
         """Step 1 for keys and values: W_k, W_v and the split into heads.
@@ -163,19 +172,32 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
             keys: (B, T_k, d_kin). values: (B, T_k, d_vin).
 
         Returns:
-            (k, v): (B, h, T_k, d_k) and (B, h, T_k, d_v).
+            (k, v): (B, h_kv, T_k, d_k) and (B, h_kv, T_k, d_v), h_kv = `num_kv_heads`.
         """
         if keys is values and _fused.fuses_projections() and _plain(self.W_k, self.W_v):
             return tuple(self._project_together(keys, (self.W_k, self.W_v)))  # the usual cross-attention
         return self._into_heads(self.W_k, keys), self._into_heads(self.W_v, values)
 
+    def project_queries(self, queries):
+        """Step 1 for the queries: W_q and the split into heads, (B, T_q, d_q) -> (B, h, T_q, d_k).
+
+        A layer that rotates the projected queries and keys (RoPE) projects them with this and
+        `project_keys_values`, then calls `attend_projected`.
+        """
+        return self._into_heads(self.W_q, queries)
+
+    def _heads(self, projection):
+        """The number of heads a projection's output splits into: h_kv for W_k and W_v, else h."""
+        return self.num_kv_heads if projection is self.W_k or projection is self.W_v else self.h
+
     def _into_heads(self, projection, x):
-        """One projection split into heads: (B, T, d_in) -> (B, h, T, d)."""
-        d = projection.units // self.h
+        """One projection split into heads: (B, T, d_in) -> (B, heads, T, d)."""
+        heads = self._heads(projection)
+        d = projection.units // heads
         if _fused.projects_into_heads() and _plain(projection):
             x = ops.cast(x, self.compute_dtype)
-            return _fused.project_into_heads(x, *self._kernel_and_bias(projection), self.h, d)
-        return _fused.split_heads(call_sublayer(projection, x), self.h, d)  # (B, T, h * d) -> (B, h, T, d)
+            return _fused.project_into_heads(x, *self._kernel_and_bias(projection), heads, d)
+        return _fused.split_heads(call_sublayer(projection, x), heads, d)  # (B, T, heads * d) -> (B, heads, T, d)
 
     def _from_heads(self, heads):
         """Step 3 and 4: the heads side by side, projected by W_o: (B, h, T_q, d_v) -> (B, T_q, d_model)."""
@@ -197,7 +219,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
 
         Args:
             queries: (B, T_q, d_q).
-            k, v: (B, h, T_k, d_k), (B, h, T_k, d_v).
+            k, v: (B, h_kv, T_k, d_k), (B, h_kv, T_k, d_v).
             mask, causal, return_attention_weights, training: as in `call`.
             projected_queries: optional (B, h, T_q, d_k), the queries already projected and split.
 
@@ -210,7 +232,10 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
             q = self._into_heads(self.W_q, queries)
         # 2. attend in every head at once
         options = dict(causal=causal, dropout=self.dropout, training=bool(training), seed=self.seed_generator)
-        if return_attention_weights:
+        if self.num_kv_heads != self.h:
+            attended = grouped_query_attention(q, k, v, mask, return_attention_weights=return_attention_weights, **options)
+            heads, weights = attended if return_attention_weights else (attended, None)
+        elif return_attention_weights:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
         else:
             heads = fused_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
@@ -269,6 +294,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "seed": self.seed,
+            "num_kv_heads": self.num_kv_heads,
         }
 
 

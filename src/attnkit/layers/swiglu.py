@@ -1,0 +1,67 @@
+"""`SwiGLUFeedForward`: the gated feed-forward network of Llama (Shazeer, "GLU Variants Improve
+Transformer", 2020).
+
+    FFN_SwiGLU(x) = (SiLU(x W_gate) * (x W_up)) W_down
+
+Legend: B batch, T length, d_model width, d_ff inner width.
+"""
+
+import keras
+from keras import ops
+
+from attnkit._validation import boolean, positive_int
+from attnkit.layers._shapes import check_built_width
+from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers.linear import Linear
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class SwiGLUFeedForward(keras.layers.Layer):
+    """Gate and up projections to d_ff, SiLU on the gate, their product projected back to d_model.
+
+    Args:
+        d_ff: inner width (Llama's intermediate_size).
+        d_model: output width.
+        use_bias: whether the three projections have biases. Default False (Llama).
+        **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
+
+    Call arguments:
+        x: (B, T, d_in).
+
+    Returns:
+        (B, T, d_model).
+
+    Raises:
+        ValueError, TypeError: non-positive sizes; an input of another width than the built one.
+
+    Example:
+    >>> SwiGLUFeedForward(d_ff=1536, d_model=576)(keras.random.normal((2, 5, 576))).shape  # (2, 5, 576)
+    """
+
+    def __init__(self, d_ff, d_model, *, use_bias=False, **kwargs):
+        super().__init__(**kwargs)
+        self.d_ff = positive_int("d_ff", d_ff)
+        self.d_model = positive_int("d_model", d_model)
+        self.use_bias = bool(boolean("use_bias", use_bias))
+        self.supports_masking = True
+        dense = dict(use_bias=self.use_bias, dtype=self.dtype_policy)
+        self.W_gate = Linear(self.d_ff, name="W_gate", **dense)
+        self.W_up = Linear(self.d_ff, name="W_up", **dense)
+        self.W_down = Linear(self.d_model, name="W_down", **dense)
+
+    def build(self, x_shape):
+        self.W_gate.build(x_shape)
+        self.W_up.build(x_shape)
+        self.W_down.build(tuple(x_shape[:-1]) + (self.d_ff,))
+
+    def call(self, x):
+        check_built_width("x", x.shape, self.W_gate)
+        gate = ops.silu(call_sublayer(self.W_gate, x))  # (B, T, d_ff)
+        up = call_sublayer(self.W_up, x)  # (B, T, d_ff)
+        return call_sublayer(self.W_down, gate * up)  # (B, T, d_model)
+
+    def compute_output_shape(self, x_shape):
+        return tuple(x_shape[:-1]) + (self.d_model,)
+
+    def get_config(self):
+        return {**super().get_config(), "d_ff": self.d_ff, "d_model": self.d_model, "use_bias": self.use_bias}

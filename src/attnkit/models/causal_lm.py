@@ -1,0 +1,167 @@
+"""`CausalLM`: a decoder-only language model (Llama, Mistral, Qwen2 family) of attnkit's layers.
+
+    x_0 = Embedding(tokens);  x_l = DecoderOnlyLayer_l(x_{l-1}), l = 1..n;  logits = RMSNorm(x_n) W_vocab
+
+W_vocab is the embedding matrix transposed when the embeddings are tied (SmolLM2), else its own
+projection. Positions are those of the real tokens (left padding takes none, as in transformers),
+and the rotary angles are computed from them.
+
+Legend: B batch, T tokens in this call, S keys (cached and new), V vocabulary, d_model width,
+n layers, h / h_kv heads, d_k per-head width.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
+from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
+from attnkit.layers.linear import Linear
+from attnkit.layers.rms_norm import RMSNorm
+from attnkit.models.kv_cache import KVCache, keep_mask
+from attnkit.ops.linear import linear
+from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class CausalLM(keras.Model):
+    """A decoder-only Transformer with RoPE, grouped-query attention, RMSNorm and SwiGLU.
+
+    Args:
+        vocab_size: V.
+        n: number of layers.
+        d_model: width.
+        h: query heads.
+        d_ff: feed-forward inner width.
+        num_kv_heads: key/value heads. Default h.
+        d_k: per-head width. Default d_model // h.
+        rope_theta: the rotary base. Default 10000.
+        rope_scaling: None or {"rope_type": "default"}; other variants are refused by name.
+        epsilon: RMSNorm epsilon. Default 1e-6.
+        tie_embeddings: project to the vocabulary with the embedding matrix. Default True.
+        attention_bias, output_bias, mlp_bias: biases on W_q/W_k/W_v, W_o, the feed-forward.
+        sliding_windows: None, an int for every layer, or a list of n entries (int or None).
+        **kwargs: `keras.Model` arguments (name, dtype, ...).
+
+    Call arguments:
+        token_ids: (B, T) integer ids.
+        attention_mask: optional (B, T) 0/1 or bool, 0 on (left) padding. Default all ones.
+        cache: optional `KVCache` (from `new_cache`); the T tokens follow the cached ones.
+        last_only: return the logits of the last position only, (B, 1, V). Default False.
+        attention_layer: optional layer index whose attention weights (B, h, T, S) to return too.
+
+    Returns:
+        logits (B, T, V) in float32 (or (B, 1, V)), and the weights when `attention_layer` is given.
+
+    Raises:
+        ValueError: bad sizes, an unimplemented RoPE scaling, token ids of the wrong rank, a cache
+            too small.
+
+    Example:
+    >>> lm = CausalLM(vocab_size=100, n=2, d_model=64, h=4, d_ff=128, num_kv_heads=2)
+    >>> lm(ops.ones((1, 5), "int32")).shape  # (1, 5, 100)
+    """
+
+    def __init__(
+        self, vocab_size, n, d_model, h, d_ff, *, num_kv_heads=None, d_k=None, rope_theta=10000.0, rope_scaling=None,
+        epsilon=1e-6, tie_embeddings=True, attention_bias=False, output_bias=False, mlp_bias=False,
+        sliding_windows=None, **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size, self.n = positive_int("vocab_size", vocab_size), positive_int("n", n)
+        self.d_model, self.h, self.d_ff = positive_int("d_model", d_model), positive_int("h", h), positive_int("d_ff", d_ff)
+        self.num_kv_heads = self.h if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+        self.d_k = self.d_model // self.h if d_k is None else positive_int("d_k", d_k)
+        self.rope_theta = positive_float("rope_theta", rope_theta)
+        self.rope_scaling = rope_scaling
+        check_rope_scaling(rope_scaling)
+        self.epsilon = positive_float("epsilon", epsilon)
+        self.tie_embeddings = bool(boolean("tie_embeddings", tie_embeddings))
+        self.attention_bias, self.output_bias, self.mlp_bias = bool(attention_bias), bool(output_bias), bool(mlp_bias)
+        if sliding_windows is None or isinstance(sliding_windows, int):
+            sliding_windows = [sliding_windows] * self.n
+        if len(sliding_windows) != self.n:
+            raise ValueError(f"`sliding_windows` must have n={self.n} entries. Received: {sliding_windows!r}")
+        self.sliding_windows = [optional_positive_int("sliding_windows", w) for w in sliding_windows]
+        policy = self.dtype_policy
+        self.embedding = keras.layers.Embedding(self.vocab_size, self.d_model, name="embedding", dtype=policy)
+        self.decoder_layers = [
+            DecoderOnlyLayer(
+                self.h, self.d_k, self.d_model, self.d_ff, num_kv_heads=self.num_kv_heads, epsilon=self.epsilon,
+                attention_bias=self.attention_bias, output_bias=self.output_bias, mlp_bias=self.mlp_bias,
+                sliding_window=w, name=f"layer_{i}", dtype=policy,
+            )
+            for i, w in enumerate(self.sliding_windows)
+        ]
+        self.final_norm = RMSNorm(epsilon=self.epsilon, name="final_norm", dtype=policy)
+        self.lm_head = None if self.tie_embeddings else Linear(self.vocab_size, use_bias=False, name="lm_head", dtype=policy)
+
+    def build(self, token_ids_shape=None, *args, **kwargs):
+        shape = (None, None, self.d_model)
+        self.embedding.build((None, None))
+        for layer in self.decoder_layers:
+            layer.build(shape)
+        self.final_norm.build(shape)
+        if self.lm_head is not None:
+            self.lm_head.build(shape)
+        self.built = True
+
+    def new_cache(self, batch, max_length):
+        """An empty `KVCache` for `batch` sequences of up to `max_length` tokens."""
+        return KVCache(
+            self.n, positive_int("batch", batch), self.num_kv_heads, positive_int("max_length", max_length), self.d_k,
+            self.compute_dtype,
+        )
+
+    def call(self, token_ids, attention_mask=None, cache=None, last_only=False, attention_layer=None):
+        token_ids = ops.convert_to_tensor(token_ids)
+        if len(token_ids.shape) != 2:
+            raise ValueError(f"`token_ids` must have rank 2, (batch, length). Received: token_ids.shape={tuple(token_ids.shape)}")
+        B, T = token_ids.shape
+        valid_new = np.ones((B, T), bool) if attention_mask is None else np.asarray(ops.convert_to_numpy(attention_mask)).astype(bool)
+        if valid_new.shape != (B, T):
+            raise ValueError(
+                f"`attention_mask` must have the shape of `token_ids`, {(B, T)}. Received: attention_mask.shape={valid_new.shape}"
+            )
+        if cache is None:
+            cache_view = KVCache.__new__(KVCache)  # bookkeeping only: no buffers for an uncached call
+            cache_view.length, cache_view.max_length = 0, T
+            cache_view.valid, cache_view.seen = np.zeros((B, T), bool), np.zeros((B,), "int64")
+            positions, start, valid = cache_view.advance(valid_new), 0, valid_new
+        else:
+            start = cache.length
+            positions = cache.advance(valid_new)
+            valid = cache.valid[:, : cache.length]
+        cos, sin = rotary_cos_sin(positions, self.d_k, self.rope_theta)  # (B, 1, T, d_k) each, float32
+        query_slots = np.arange(start, start + T)
+        masks = {w: keep_mask(valid, query_slots, w) for w in set(self.sliding_windows)}  # (B, 1, T, S) each
+        x = self.embedding(token_ids)  # (B, T, d_model)
+        weights = None
+        for i, layer in enumerate(self.decoder_layers):
+            want = attention_layer == i
+            x = call_sublayer(
+                layer, x, cos, sin, masks[self.sliding_windows[i]], cache=cache, layer_index=i, start=start,
+                return_attention_weights=want,
+            )
+            if want:
+                x, weights = x
+        if last_only:
+            x = x[:, -1:]  # (B, 1, d_model)
+        x = call_sublayer(self.final_norm, x)
+        if self.lm_head is None:
+            logits = linear(x, ops.transpose(ops.cast(self.embedding.embeddings, x.dtype)))  # (B, T, V)
+        else:
+            logits = call_sublayer(self.lm_head, x)
+        logits = ops.cast(logits, "float32")
+        return logits if attention_layer is None else (logits, weights)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size, "n": self.n, "d_model": self.d_model, "h": self.h, "d_ff": self.d_ff,
+            "num_kv_heads": self.num_kv_heads, "d_k": self.d_k, "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling, "epsilon": self.epsilon, "tie_embeddings": self.tie_embeddings,
+            "attention_bias": self.attention_bias, "output_bias": self.output_bias, "mlp_bias": self.mlp_bias,
+            "sliding_windows": self.sliding_windows,
+        }

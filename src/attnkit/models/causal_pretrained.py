@@ -1,0 +1,129 @@
+"""`PretrainedCausalLM`: a loaded `CausalLM` with its tokenizer and chat template, for text in and
+text out.
+
+    lm = attnkit.load_causal_lm()
+    lm.chat("What is the capital of France?")            # 'The capital of France is Paris.'
+    for piece in lm.stream_chat("Tell me a joke."): print(piece, end="")
+    lm.generate(["Once upon", "The sky is"], max_new_tokens=16)
+
+Legend: B prompts, T tokens, h heads, V vocabulary.
+"""
+
+import numpy as np
+from keras import ops
+
+from attnkit.models.chat_template import render_chat
+from attnkit.models.generation import generate as generate_ids
+from attnkit.models.generation import generate_tokens
+
+
+class PretrainedCausalLM:
+    """A decoder-only model with its tokenizer, chat template and stop tokens.
+
+    Attributes:
+        model: the `CausalLM` (frozen).
+        tokenizer: a `tokenizers.Tokenizer`, or None (then only token-id methods work).
+        chat_template: the Jinja template, or None.
+        special_tokens: {"bos_token", "eos_token", "unk_token", "pad_token"}: strings or None.
+        stop_ids: ids that end a generation by default (the end-of-sequence token(s)).
+        pad_id: the id padding batched prompts (never attended to).
+        path: where the model was read from.
+    """
+
+    def __init__(self, model, tokenizer, *, chat_template=None, special_tokens=None, stop_ids=(), pad_id=0, path=None):
+        self.model, self.tokenizer, self.chat_template = model, tokenizer, chat_template
+        self.special_tokens = dict(special_tokens or {})
+        self.stop_ids, self.pad_id, self.path = [int(i) for i in stop_ids], int(pad_id), path
+        self.n, self.h, self.d_model = model.n, model.h, model.d_model
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError(f"The model at {self.path} has no tokenizer (tokenizer.json); pass token ids instead of text.")
+
+    def encode(self, text, add_special_tokens=True):
+        """Token ids of `text` (with the tokenizer's own special tokens, as transformers adds them)."""
+        self._need_tokenizer()
+        if not isinstance(text, str):
+            raise TypeError(f"`text` must be a str. Received: text of type {type(text).__name__}")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens=True):
+        self._need_tokenizer()
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def chat_prompt(self, messages, add_generation_prompt=True):
+        """The chat template's text for `messages` (a str is one user message)."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt, special_tokens=self.special_tokens)
+
+    def chat_ids(self, messages):
+        """Token ids of the rendered chat, tokenized as transformers' apply_chat_template does (no added special tokens)."""
+        return self.encode(self.chat_prompt(messages), add_special_tokens=False)
+
+    def logits(self, ids):
+        """float32 logits (B, T, V) of token ids (B, T) (or (T,))."""
+        ids = np.asarray(ids, dtype="int32")
+        ids = ids[None] if ids.ndim == 1 else ids
+        return ops.convert_to_numpy(self.model(ids))
+
+    def _options(self, options):
+        options.setdefault("stop_tokens", self.stop_ids)
+        options.setdefault("pad_id", self.pad_id)
+        return options
+
+    def generate_ids(self, prompts, *, on_token=None, **options):
+        """New token ids for a list of token-id prompts; options as `attnkit.models.generation.generate_tokens`."""
+        return generate_ids(self.model, prompts, on_token=on_token, **self._options(options))
+
+    def generate(self, prompt, **options):
+        """Generated text for a prompt (str) or each of a list of prompts (the stop token left out).
+
+        Options: max_new_tokens, temperature, top_k, top_p, seed, stop_tokens, use_cache.
+        """
+        single = isinstance(prompt, str)
+        prompts = [prompt] if single else list(prompt)
+        outputs = self.generate_ids([self.encode(p) for p in prompts], **options)
+        texts = [self.decode([t for t in out if t not in self._options(dict(options))["stop_tokens"]]) for out in outputs]
+        return texts[0] if single else texts
+
+    def chat(self, messages, **options):
+        """The assistant's reply to `messages` (a str is one user message), or a list of replies for a list of chats."""
+        if isinstance(messages, list) and messages and isinstance(messages[0], (list, str)):
+            outputs = self.generate_ids([self.chat_ids(m) for m in messages], **options)
+            stop = self._options(dict(options))["stop_tokens"]
+            return [self.decode([t for t in out if t not in stop]) for out in outputs]
+        return "".join(self.stream_chat(messages, **options))
+
+    def stream(self, prompt, **options):
+        """Yields the text of `prompt`'s continuation piece by piece, as tokens are generated."""
+        yield from self._stream(self.encode(prompt), options)
+
+    def stream_chat(self, messages, **options):
+        """Yields the assistant's reply to `messages` piece by piece, as tokens are generated."""
+        yield from self._stream(self.chat_ids(messages), options)
+
+    def _stream(self, ids, options):
+        options = self._options(options)
+        stop, new, shown = set(options["stop_tokens"]), [], ""
+        for token in generate_tokens(self.model, [ids], **options):
+            t = int(token[0])
+            if t in stop:
+                break
+            new.append(t)
+            text = self.decode(new)
+            if text.endswith("\ufffd"):
+                continue  # an incomplete UTF-8 character: wait for its next byte
+            yield text[len(shown):]
+            shown = text
+
+    def attentions(self, text, layer=-1):
+        """One layer's attention weights for `text`: ((h, T, T) array, the T token strings)."""
+        ids = self.encode(text)
+        layer = layer + self.n if isinstance(layer, int) and layer < 0 else layer
+        if not isinstance(layer, int) or not 0 <= layer < self.n:
+            raise ValueError(f"`layer` must be an int in [-{self.n}, {self.n}). Received: layer={layer!r}")
+        _, weights = self.model(np.asarray([ids], "int32"), attention_layer=layer)
+        tokens = [self.tokenizer.id_to_token(i) for i in ids]
+        return ops.convert_to_numpy(ops.cast(weights, "float32"))[0], tokens
+

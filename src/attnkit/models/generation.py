@@ -1,0 +1,151 @@
+"""Generation from a `CausalLM`: greedy or sampled, cached, batched with left padding, streamed.
+
+Each step picks one token per sequence from the last position's logits: greedy (argmax) when the
+temperature is 0, else a sample after the temperature, top-k and top-p filters, in that order (as
+transformers applies them). Sampling runs in NumPy on float32 logits with `numpy.random.default_rng
+(seed)`, so a seed gives the same tokens on every backend (docs/decisions.md item 36).
+
+Prompts of different lengths are padded on the left, so every sequence's next token lands in the
+same cache slot; padding takes no position and is never attended to.
+
+Legend: B prompts, P longest prompt, V vocabulary.
+"""
+
+import numbers
+
+import numpy as np
+from keras import ops
+
+from attnkit._validation import positive_int
+
+
+def check_sampling(temperature, top_k, top_p):
+    """Validates the sampling settings; returns them as (float, int or None, float or None)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
+        raise ValueError(f"`temperature` must be a number >= 0 (0: greedy). Received: temperature={temperature!r}")
+    top_k = None if top_k is None else positive_int("top_k", top_k)
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
+        raise ValueError(f"`top_p` must be a number in (0, 1]. Received: top_p={top_p!r}")
+    return float(temperature), top_k, None if top_p is None else float(top_p)
+
+
+def choose(logits, temperature=0.0, top_k=None, top_p=None, rng=None):
+    """The next token of each row.
+
+    Args:
+        logits: (B, V) float array.
+        temperature: 0 for greedy; else the logits are divided by it before sampling.
+        top_k: keep only the k most likely tokens.
+        top_p: keep the smallest set of most likely tokens whose probability reaches top_p.
+        rng: a `numpy.random.Generator` (sampling only).
+
+    Returns:
+        (B,) int64 token ids.
+    """
+    logits = np.asarray(logits, dtype="float64")
+    if not np.all(np.isfinite(logits)):
+        raise ValueError("The model returned non-finite logits (NaN or inf); refusing to pick a token from them.")
+    if temperature == 0:
+        return np.argmax(logits, axis=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = np.sort(logits, axis=-1)[:, -top_k][:, None]  # (B, 1)
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1:
+        order = np.argsort(-probs, axis=-1, kind="stable")  # (B, V) most likely first
+        sorted_probs = np.take_along_axis(probs, order, axis=-1)
+        before = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the more likely tokens
+        keep_sorted = before < top_p  # the first token is always kept
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    u = rng.random((probs.shape[0], 1))
+    picked = (np.cumsum(probs, axis=-1) < u).sum(axis=-1)
+    return np.minimum(picked, probs.shape[-1] - 1)
+
+
+def left_pad(prompts, pad_id):
+    """(ids (B, P) int32, mask (B, P) bool) with every prompt right-aligned."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("Every prompt must have at least one token. Received an empty prompt or no prompts.")
+    P = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), P), pad_id, dtype="int32")
+    mask = np.zeros((len(prompts), P), dtype=bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, P - len(prompt):] = prompt
+        mask[row, P - len(prompt):] = True
+    return ids, mask
+
+
+def generate_tokens(
+    model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=None, top_p=None, seed=None, stop_tokens=(),
+    pad_id=0, use_cache=True,
+):
+    """Yields the next token of every prompt, step by step.
+
+    Args:
+        model: a `CausalLM`.
+        prompts: a list of B token id lists (lengths may differ).
+        max_new_tokens: the most tokens generated per prompt.
+        temperature, top_k, top_p: see `choose`.
+        seed: int seed of the sampling (None: fresh randomness).
+        stop_tokens: ids that end a sequence (the stop token is yielded, then the row yields `pad_id`).
+        pad_id: the id padding prompts and finished rows.
+        use_cache: decode from a `KVCache` (default) or recompute the whole sequence each step.
+
+    Yields:
+        (B,) int64 arrays, one per step; after a row's stop token, `pad_id`. Ends when every row
+        has stopped or after `max_new_tokens` steps.
+    """
+    max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    prompts = [[int(t) for t in p] for p in prompts]
+    for p in prompts:
+        bad = [t for t in p if not 0 <= t < model.vocab_size]
+        if bad:
+            raise ValueError(f"Token ids must be in [0, {model.vocab_size}). Received: {bad[:5]}")
+    stop = set(int(t) for t in stop_tokens)
+    rng = np.random.default_rng(seed) if temperature > 0 else None
+    ids, mask = left_pad(prompts, pad_id)
+    done = np.zeros((len(prompts),), dtype=bool)
+    if use_cache:
+        cache = model.new_cache(len(prompts), ids.shape[1] + max_new_tokens)
+        logits = model(ids, attention_mask=mask, cache=cache, last_only=True)
+    else:
+        logits = model(ids, attention_mask=mask, last_only=True)
+    for step in range(max_new_tokens):
+        token = choose(ops.convert_to_numpy(logits)[:, -1], temperature, top_k, top_p, rng)
+        token = np.where(done, pad_id, token)
+        yield token
+        done |= np.isin(token, list(stop)) if stop else False
+        if done.all() or step == max_new_tokens - 1:
+            return
+        new = token[:, None].astype("int32")  # (B, 1)
+        if use_cache:
+            logits = model(new, attention_mask=np.ones_like(new, dtype=bool), cache=cache, last_only=True)
+        else:
+            ids, mask = np.concatenate([ids, new], axis=1), np.concatenate([mask, np.ones_like(new, dtype=bool)], axis=1)
+            logits = model(ids, attention_mask=mask, last_only=True)
+
+
+def generate(model, prompts, *, on_token=None, **options):
+    """Generates for every prompt; returns a list of B lists of new ids (each stop token included).
+
+    Args:
+        model, prompts, **options: as in `generate_tokens`.
+        on_token: optional callable receiving each step's (B,) ids as they are chosen (streaming).
+    """
+    outputs = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    stop = set(int(t) for t in options.get("stop_tokens", ()))
+    for token in generate_tokens(model, prompts, **options):
+        if on_token is not None:
+            on_token(token)
+        for row, t in enumerate(token.tolist()):
+            if not finished[row]:
+                outputs[row].append(t)
+                finished[row] = t in stop
+    return outputs

@@ -1,0 +1,90 @@
+"""`KVCache`: preallocated keys and values of a decoder-only model, for cached decoding.
+
+Every layer's rotated keys and values live in one (B, h_kv, S_max, d_k) buffer allocated once;
+a step writes its T new entries at slots [start, start + T) and attends to slots [0, start + T).
+`valid` (B, S_max) marks which slots hold real tokens (left padding does not), and `seen` (B,) counts
+each row's real tokens, from which the next positions follow (docs/decisions.md item 34).
+
+Legend: B batch, n layers, h_kv key/value heads, S_max capacity, d_k per-head width.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from attnkit.ops import _fused
+
+
+class KVCache:
+    """Keys, values and token bookkeeping for n layers.
+
+    Args:
+        n: layers.
+        batch: B.
+        num_kv_heads: h_kv.
+        max_length: S_max, the most tokens (prompt and generated) the cache holds.
+        d_k: per-head width.
+        dtype: the model's compute dtype.
+
+    Attributes:
+        length: slots filled so far.
+        valid: (B, S_max) NumPy bool, True where a slot holds a real (not padding) token.
+        seen: (B,) NumPy int, real tokens per row so far.
+    """
+
+    def __init__(self, n, batch, num_kv_heads, max_length, d_k, dtype="float32"):
+        shape = (batch, num_kv_heads, max_length, d_k)  # (B, h_kv, S_max, d_k)
+        self.keys = [ops.zeros(shape, dtype) for _ in range(n)]
+        self.values = [ops.zeros(shape, dtype) for _ in range(n)]
+        self.max_length = max_length
+        self.length = 0
+        self.valid = np.zeros((batch, max_length), dtype=bool)
+        self.seen = np.zeros((batch,), dtype="int64")
+
+    def check_room(self, new):
+        """Raises a ValueError when `new` more tokens would not fit."""
+        if self.length + new > self.max_length:
+            raise ValueError(
+                f"The KV cache holds {self.max_length} tokens; {self.length} are used and {new} more were given. "
+                "Create it with a larger `max_length`."
+            )
+
+    def update(self, layer, k, v, start):
+        """Writes k, v (B, h_kv, T, d_k) at slots [start, start + T); returns slots [0, start + T) of both."""
+        end = start + k.shape[2]
+        if _fused._is_torch_tensor(k):
+            # In place: the buffer is written, not copied, every step.
+            self.keys[layer][:, :, start:end] = k
+            self.values[layer][:, :, start:end] = v
+        else:
+            self.keys[layer] = ops.slice_update(self.keys[layer], (0, 0, start, 0), ops.cast(k, self.keys[layer].dtype))
+            self.values[layer] = ops.slice_update(self.values[layer], (0, 0, start, 0), ops.cast(v, self.values[layer].dtype))
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]  # (B, h_kv, S, d_k)
+
+    def advance(self, valid_new):
+        """Records T new slots; valid_new (B, T) bool. Returns their positions (B, T) (NumPy ints)."""
+        valid_new = np.asarray(valid_new, dtype=bool)
+        self.check_room(valid_new.shape[1])
+        positions = np.maximum(self.seen[:, None] + np.cumsum(valid_new, axis=1) - 1, 0)
+        self.valid[:, self.length : self.length + valid_new.shape[1]] = valid_new
+        self.seen += valid_new.sum(axis=1)
+        self.length += valid_new.shape[1]
+        return positions
+
+
+def keep_mask(valid_keys, query_slots, window=None):
+    """(B, 1, T, S) keep-mask: key slot j visible to query slot i when j is valid, j <= i and, with a
+    window, j > i - window.
+
+    Args:
+        valid_keys: (B, S) bool, NumPy.
+        query_slots: (T,) the queries' slots.
+        window: None or a positive int.
+    """
+    slots = np.arange(valid_keys.shape[1])[None, :]  # (1, S)
+    query_slots = np.asarray(query_slots)[:, None]  # (T, 1)
+    keep = slots <= query_slots  # (T, S)
+    if window is not None:
+        keep &= slots > query_slots - window
+    keep = valid_keys[:, None, None, :] & keep[None, None]  # (B, 1, T, S)
+    return keras.ops.convert_to_tensor(keep)

@@ -1,0 +1,124 @@
+"""CausalLM against transformers on random-initialised llama, mistral and qwen2 directories saved at
+test time; cached decoding against uncached; generation options."""
+
+import numpy as np
+import pytest
+from backend_utils import to_numpy
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
+from attnkit.models.generation import choose, generate  # noqa: E402
+
+SMALL = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2)
+
+
+def _save(tmp_path_factory, kind, **extra):
+    torch.manual_seed(0)
+    config_cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}[kind]
+    model_cls = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}[kind]
+    ref = model_cls(config_cls(**SMALL, **extra)).eval()
+    path = tmp_path_factory.mktemp(kind)
+    ref.save_pretrained(path)
+    return ref, str(path)
+
+
+CASES = {
+    "llama": dict(rope_theta=500.0, tie_word_embeddings=False),
+    "llama_bias_tied": dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+    "mistral": dict(sliding_window=3),
+    "qwen2": dict(rope_theta=1000.0),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    kind = request.param.split("_")[0]
+    ref, path = _save(tmp_path_factory, kind, **CASES[request.param])
+    return ref, load_causal_lm(path)
+
+
+def test_logits_match_transformers(pair):
+    ref, lm = pair
+    ids = np.random.default_rng(0).integers(0, 96, (2, 9))
+    mask = np.ones((2, 9), int)
+    mask[1, :3] = 0  # left padding on the second row
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    ours = to_numpy(lm.model(ids.astype("int32"), attention_mask=mask))
+    np.testing.assert_allclose(ours[0], expected[0], atol=1e-5)
+    np.testing.assert_allclose(ours[1, 3:], expected[1, 3:], atol=1e-5)  # real tokens only
+
+
+def test_greedy_generation_matches_transformers_left_padded(pair):
+    ref, lm = pair
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]
+    ours = lm.generate_ids(prompts, max_new_tokens=6, stop_tokens=[])
+    for prompt, out in zip(prompts, ours):
+        with torch.no_grad():
+            expected = ref.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert out == expected[0, len(prompt):].tolist()
+
+
+def test_cached_equals_uncached_token_by_token(pair):
+    _, lm = pair
+    prompts = [[1, 2, 3, 4], [7, 8]]
+    cached = lm.generate_ids(prompts, max_new_tokens=8, stop_tokens=[], temperature=0.9, seed=3)
+    uncached = lm.generate_ids(prompts, max_new_tokens=8, stop_tokens=[], temperature=0.9, seed=3, use_cache=False)
+    assert cached == uncached
+
+
+def test_sampling_is_reproducible_and_streams(pair):
+    _, lm = pair
+    seen = []
+    a = lm.generate_ids([[1, 2, 3]], max_new_tokens=5, temperature=1.0, top_k=10, top_p=0.9, seed=7, on_token=lambda t: seen.append(int(t[0])), stop_tokens=[])
+    b = lm.generate_ids([[1, 2, 3]], max_new_tokens=5, temperature=1.0, top_k=10, top_p=0.9, seed=7, stop_tokens=[])
+    assert a == b and seen == a[0] and len(a[0]) == 5
+
+
+def test_stop_tokens_end_a_row(pair):
+    _, lm = pair
+    first = lm.generate_ids([[1, 2, 3]], max_new_tokens=4, stop_tokens=[])[0]
+    stopped = lm.generate_ids([[1, 2, 3]], max_new_tokens=4, stop_tokens=[first[1]])[0]
+    assert stopped == first[: first.index(first[1]) + 1]
+
+
+def test_choose_filters():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    assert choose(logits)[0] == 0
+    rng = np.random.default_rng(0)
+    picks = {int(choose(logits, 1.0, top_k=2, rng=rng)[0]) for _ in range(200)}
+    assert picks == {0, 1}
+    picks = {int(choose(logits, 1.0, top_p=0.7, rng=rng)[0]) for _ in range(200)}
+    assert picks == {0, 1}  # 0.5 < 0.7, 0.5 + 0.3 reaches it
+    with pytest.raises(ValueError, match="non-finite"):
+        choose(np.array([[np.nan, 1.0]]))
+
+
+def test_generation_refusals(pair):
+    _, lm = pair
+    with pytest.raises(ValueError, match="temperature"):
+        generate(lm.model, [[1]], temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        generate(lm.model, [[1]], top_p=0)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(lm.model, [[]])
+    with pytest.raises(ValueError, match="Token ids must be in"):
+        generate(lm.model, [[1000]])
+
+
+def test_refuses_unimplemented_config(tmp_path_factory):
+    import json
+
+    _, path = _save(tmp_path_factory, "llama", rope_scaling={"rope_type": "linear", "factor": 2.0})
+    config = json.load(open(f"{path}/config.json"))
+    config["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    json.dump(config, open(f"{path}/config.json", "w"))
+    with pytest.raises(ValueError, match="'linear' is not implemented"):
+        load_causal_lm(path)
+    config["model_type"] = "gpt2"
+    json.dump(config, open(f"{path}/config.json", "w"))
+    with pytest.raises(ValueError, match="'gpt2'"):
+        load_causal_lm(path)

@@ -1,0 +1,73 @@
+"""Rotary position embedding against a float64 NumPy reference (HF rotate-half convention)."""
+
+import numpy as np
+import pytest
+from backend_utils import to_numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnkit.ops.rotary import apply_rotary, check_rope_scaling, inverse_frequencies, rotary_cos_sin
+
+
+def reference_rope(x, positions, theta):
+    """x (B, h, T, d) float64 rotated: pairs (i, i + d/2) by angle p * theta^(-2i/d)."""
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2) / d)  # (d/2,)
+    angles = positions[:, None, :, None] * inv  # (B, 1, T, d/2)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    c, s = np.cos(angles), np.sin(angles)
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+@pytest.mark.parametrize("theta", [10000.0, 100000.0])
+def test_rotary_matches_reference(rng, theta):
+    x = rng.standard_normal((2, 3, 5, 8))
+    positions = np.array([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])  # a position offset on the second row
+    cos, sin = rotary_cos_sin(positions, 8, theta)
+    out = to_numpy(apply_rotary(x.astype("float32"), cos, sin))
+    np.testing.assert_allclose(out, reference_rope(x, positions.astype("float64"), theta), atol=2e-5)
+
+
+def test_offset_equals_slice_of_longer_sequence(rng):
+    x = rng.standard_normal((1, 2, 6, 4)).astype("float32")
+    cos, sin = rotary_cos_sin(np.arange(6), 4)
+    full = to_numpy(apply_rotary(x, cos, sin))
+    cos3, sin3 = rotary_cos_sin(np.arange(3, 6), 4)
+    np.testing.assert_allclose(to_numpy(apply_rotary(x[:, :, 3:], cos3, sin3)), full[:, :, 3:], atol=1e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(p=st.integers(0, 500), q=st.integers(0, 500), shift=st.integers(0, 500))
+def test_scores_depend_on_relative_position_only(p, q, shift):
+    r = np.random.default_rng(p * 1000 + q)
+    a, b = r.standard_normal((1, 1, 1, 8)), r.standard_normal((1, 1, 1, 8))
+
+    def score(pa, pb):
+        ca, sa = rotary_cos_sin(np.array([pa]), 8, 100.0, dtype="float32")
+        cb, sb = rotary_cos_sin(np.array([pb]), 8, 100.0, dtype="float32")
+        ra, rb = to_numpy(apply_rotary(a.astype("float32"), ca, sa)), to_numpy(apply_rotary(b.astype("float32"), cb, sb))
+        return float((ra * rb).sum())
+
+    assert score(p, q) == pytest.approx(score(p + shift, q + shift), abs=2e-3)
+
+
+def test_inverse_frequencies_match_transformers_float32():
+    torch = pytest.importorskip("torch")
+    d, base = 64, 100000.0
+    expected = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    np.testing.assert_array_equal(inverse_frequencies(d, base), expected.numpy())
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="yarn"):
+        check_rope_scaling({"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="linear"):
+        check_rope_scaling({"type": "linear", "factor": 2.0})
+    assert check_rope_scaling({"rope_type": "default", "rope_theta": 10000.0}) is None
+    with pytest.raises(ValueError, match="`d` must be even"):
+        inverse_frequencies(7)
+    with pytest.raises(ValueError, match="theta"):
+        inverse_frequencies(8, theta=0)
+    cos, sin = rotary_cos_sin(np.arange(3), 8)
+    with pytest.raises(ValueError, match="width 8"):
+        apply_rotary(np.zeros((1, 1, 3, 6), "float32"), cos, sin)
