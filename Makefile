@@ -14,7 +14,7 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 install: $(PY)
-	$(INSTALL) -e ".[torch,pretrained,viz]"
+	$(INSTALL) -e ".[torch,pretrained,viz,llm]"
 
 install-dev: $(PY)
 	$(INSTALL) -e ".[torch,jax,tensorflow,dev]"
