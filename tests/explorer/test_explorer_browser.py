@@ -263,6 +263,7 @@ def test_the_exported_file_works_offline(page, tiny_bert_dir, tiny_source, tmp_p
     T = len(kind["query_tokens"])
     page.hover("#head-svg g.token-row[data-side=q][data-index='2']")
     assert_lines_follow(page, kind["weights"][0], range(kind["heads"]), [2], range(T))
+    page.mouse.move(5, 5)  # off the tokens, so the redrawn layer has nothing focused
     page.select_option("#layer", "1")
     assert_lines_follow(page, kind["weights"][1], range(kind["heads"]), range(T), range(T))
     page.screenshot(path=os.path.join(artifacts, "exported-offline.png"), full_page=True)
