@@ -3,6 +3,7 @@
 import io
 import json
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -52,3 +53,24 @@ def test_bad_options_are_one_line(model_dir, capsys):
     assert main(["generate", "x", "--model", "/no/such/model"]) == 1
     err = capsys.readouterr().err
     assert "No such model" in err and "Traceback" not in err
+
+
+def test_heads_draws_the_language_models_causal_attention(model_dir, tmp_path, capsys):
+    from attnkit.models.causal_checkpoint import load_causal_lm
+
+    lm = load_causal_lm(model_dir)
+    weights, tokens = lm.attentions("hello world", 0)  # (h, T, T)
+    ids = lm.encode("hello world")
+    reference = transformers.LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids]), output_attentions=True).attentions[0][0].numpy()  # (h, T, T)
+    assert weights.shape == expected.shape == (4, len(ids), len(ids))
+    assert abs(weights - expected).max() < 1e-5
+    assert abs(weights[:, *np.triu_indices(len(ids), 1)]).max() == 0  # no weight on later tokens
+
+    output = tmp_path / "lm.png"
+    assert main(["heads", "hello world", "--lm", "--model", model_dir, "--layer", "-1", "--output", str(output)]) == 0
+    assert output.stat().st_size > 0
+    assert f"wrote 4 heads of layer 0 over {len(tokens)} tokens to {output}" in capsys.readouterr().err
+    assert main(["heads", "hello", "--lm", "--model", model_dir, "--layer", "1", "--output", str(tmp_path / "b.png")]) == 2
+    assert "--layer must be in [-1, 0]" in capsys.readouterr().err
