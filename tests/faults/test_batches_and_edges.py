@@ -131,10 +131,10 @@ def test_translate_prints_one_line_per_input_in_order(saved_dir, tiny_translator
     captured = capsys.readouterr()
     rows = parse(captured.out)
     assert [row[0] for row in rows] == texts
-    decoded = tiny_translator.translate([texts[i] for i in (0, 2, 6)])
-    expected = {1: "<empty>", 3: "<empty>", 4: "<too long: 40 characters, the model takes at most 32>",
-                5: "<unknown characters: ✓>"}
-    expected.update({i: o if is_iso_date(o) else f"<not a date: {o}>" for i, o in zip((0, 2, 6), decoded)})
+    decoded = tiny_translator.translate([texts[i] for i in (0, 6)])
+    expected = {1: "<empty>", 2: "<no such date: month 13 does not exist>", 3: "<empty>",
+                4: "<too long: 40 characters, the model takes at most 32>", 5: "<unknown characters: ✓>"}
+    expected.update({i: o if is_iso_date(o) else f"<not a date: {o}>" for i, o in zip((0, 6), decoded)})
     assert [row[1] for row in rows] == [expected[i] for i in range(len(texts))]
     flagged = [i for i in range(len(texts)) if expected[i].startswith("<")]
     assert status == 1 and flagged  # a two-step model gives no dates

@@ -89,3 +89,36 @@ def test_display_tokens_stop_at_the_end_token():
     ids = tok.encode("2021", 8, end=True)  # 2 0 2 1 </s> <pad> <pad> <pad>
     assert tok.display_tokens(ids) == ["2", "0", "2", "1", "</s>"]
     assert tok.display_tokens(ids[:3]) == ["2", "0", "2"]  # no end token: one label per id
+
+
+def test_every_format_of_a_day_in_range_is_a_date():
+    every_day_of = [datetime.date(y, 1, 1) + datetime.timedelta(days=i) for y in (1950, 2000, 2023, 2049)
+                    for i in range(365 + (y % 4 == 0))]  # both kinds of February, both ends of the range
+    every_eleventh = [dates.FIRST_DAY + datetime.timedelta(days=i) for i in range(0, 36525, 11)]
+    for day in every_day_of + every_eleventh:
+        for write in dates.FORMATS:
+            assert dates.no_such_date(write(day)) is None, write(day)
+        assert dates.no_such_date(day.isoformat()) is None
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("2021-13-45", "month 13 does not exist"),
+    ("2021/0/3", "month 0 does not exist"),
+    ("13/1/21", "month 13 does not exist"),  # M/D/YY: slashed dates are month first
+    ("2/29/23", "february 2023 has no day 29"),
+    ("31.04.2020", "april 2020 has no day 31"),
+    ("February 30, 2021", "february 2021 has no day 30"),
+    ("the 31st of june 1999", "june 1999 has no day 31"),
+    ("monday, february 30th, 2021", "february 2021 has no day 30"),
+    ("30-FEB-21", "february 2021 has no day 30"),
+    ("Feb. 29th '23", "february 2023 has no day 29"),
+    ("1 jan 1949", "1949-01-01 is outside the years the model knows (1950-2049)"),
+    ("2050/1/1", "2050-01-01 is outside the years the model knows (1950-2049)"),
+])
+def test_no_such_date_names_the_problem(text, reason):
+    assert dates.no_such_date(text) == reason
+
+
+@pytest.mark.parametrize("text", ["hello", "", "2/29/24", "Feb. 29th '24", "march 5 1999", "1/2/3/4", "12-13-2021"])
+def test_no_such_date_leaves_other_texts_to_the_model(text):
+    assert dates.no_such_date(text) is None  # a real day, or a shape the task does not know

@@ -247,6 +247,8 @@ def _translate(args):
 
 def _refusal(translator, text):
     """The marker of an input the model cannot translate, or None."""
+    from attnkit.tasks.dates import no_such_date
+
     if not text.strip():
         return "<empty>"
     if len(text) > translator.source_length:
@@ -254,4 +256,7 @@ def _refusal(translator, text):
     unknown = translator.unknown_characters(text)
     if unknown:
         return f"<unknown characters: {field(unknown)}>"
+    problem = no_such_date(text)
+    if problem:  # the model would still answer some date, with confidence
+        return f"<no such date: {problem}>"
     return None

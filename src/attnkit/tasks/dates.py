@@ -10,6 +10,7 @@ vocabulary serves inputs and outputs, so the embeddings can be shared.
 """
 
 import datetime
+import re
 
 import numpy as np
 
@@ -139,3 +140,76 @@ def is_iso_date(text):
     except ValueError:
         return False
     return True
+
+
+_NUMERIC = re.compile(r"^\s*(\d{1,4})([/.-])(\d{1,2})\2(\d{1,4})\s*$")
+_MONTH = re.compile(r"\b(" + "|".join(m[:3] for m in MONTHS) + r")[a-z]*\.?", re.IGNORECASE)
+_DAY_MON_YY = re.compile(r"^\s*(\d{1,2})-(" + "|".join(m[:3] for m in MONTHS) + r")-(\d{2})\s*$", re.IGNORECASE)
+_DAY = re.compile(r"\b(\d{1,2})(?:st|nd|rd|th)?\b(?!\s*[/.-]\d)", re.IGNORECASE)
+_YEAR = re.compile(r"(?:\b(\d{4})\b|'(\d{2})\b)")
+
+
+def _full_year(text):
+    """"21" -> 2021, "76" -> 1976 (the module's rule), "1976" -> 1976."""
+    year = int(text)
+    return year if len(text) > 2 else (1900 + year if year >= 50 else 2000 + year)
+
+
+def no_such_date(text):
+    """Why `text`, written as a date in one of the shapes this task knows, names no calendar day
+    within FIRST_DAY..LAST_DAY, or None when it does (or when its shape is not one the task knows).
+
+    Numeric shapes: Y/M/D and Y-M-D (a four-digit first field), M/D/YY (US), D.M.Y; DD-MON-YY. Worded shapes:
+    a month name (or its first three letters), a day (ordinals allowed) and a four-digit year or 'YY.
+    A translator asked for "2021-13-45" would still answer some date; this names the problem instead.
+
+    >>> no_such_date("2021-13-45")
+    'month 13 does not exist'
+    >>> no_such_date("February 30, 2021")
+    'february 2021 has no day 30'
+    """
+    numeric = _NUMERIC.match(text)
+    if numeric:
+        first, sep, middle, last = numeric.groups()
+        if len(first) == 4:  # Y/M/D, Y-M-D
+            year, month, day = first, middle, last
+        elif sep == "/":  # M/D/YY, US order (module docstring)
+            month, day, year = first, middle, last
+        elif sep == ".":  # D.M.Y
+            day, month, year = first, middle, last
+        else:
+            return None
+        if len(year) not in (2, 4):
+            return None
+        return _calendar_problem(_full_year(year), int(month), int(day))
+    worded = _DAY_MON_YY.match(text)  # 03-MAR-21
+    if worded:
+        day, name, year = worded.groups()
+        return _calendar_problem(_full_year(year), _month_number(name), int(day))
+    month = _MONTH.search(text)
+    if not month:
+        return None
+    rest = text[:month.start()] + " " + text[month.end():]
+    years = [y or z for y, z in _YEAR.findall(rest)]
+    rest = _YEAR.sub(" ", rest)
+    days = _DAY.findall(rest)
+    if len(years) != 1 or len(days) != 1:
+        return None
+    return _calendar_problem(_full_year(years[0]), _month_number(month.group(1)), int(days[0]))
+
+
+def _month_number(name):
+    """"Mar", "march" -> 3."""
+    return [m[:3] for m in MONTHS].index(name[:3].lower()) + 1
+
+
+def _calendar_problem(year, month, day):
+    if not 1 <= month <= 12:
+        return f"month {month} does not exist"
+    try:
+        date = datetime.date(year, month, day)
+    except ValueError:
+        return f"{MONTHS[month - 1]} {year} has no day {day}"
+    if not FIRST_DAY <= date <= LAST_DAY:
+        return f"{iso(date)} is outside the years the model knows ({FIRST_DAY.year}-{LAST_DAY.year})"
+    return None
