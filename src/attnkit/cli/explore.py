@@ -97,7 +97,8 @@ def _export(args, source):
     first = data["attention"][0]
     print(
         f"wrote {args.export}: {data['model']}, {len(first['query_tokens'])} tokens, {len(data['attention'])} "
-        f"attention kind(s), {first['layers']} layers x {first['heads']} heads",
+        f"attention kind(s), {first['layers']} layers x {first['heads']} heads"
+        + (f", {len(data['steps']['labels'])} decoding steps" if data["steps"] else ""),
         file=sys.stderr,
     )
     return 0
