@@ -171,3 +171,17 @@ def test_smollm2_generates_with_the_weights_of_its_cached_decoding():
     assert (kind["layers"], kind["heads"]) == (30, 9) and kind["kv_heads"] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     uncached = uncached_attentions(source.lm.model, ids + expected[:-1])
     assert np.abs(weights_array(kind) - uncached).max() <= data["max_error"] + 1e-5
+
+
+def test_attention_layer_all_is_every_layers_weights_and_bad_layers_are_refused(llama_source):
+    model = llama_source.lm.model
+    ids = np.asarray([[5, 6, 7, 8]], "int32")
+    logits, every = model(ids, attention_layer="all")
+    assert len(every) == model.n
+    np.testing.assert_allclose(to_numpy(logits), to_numpy(model(ids)), atol=1e-5)  # explicit vs fused attention
+    for i in range(model.n):
+        _, one = model(ids, attention_layer=i)
+        np.testing.assert_array_equal(to_numpy(every[i]), to_numpy(one))
+    for bad in (2, -1, True, "last"):
+        with pytest.raises(ValueError, match=r"`attention_layer` must be None, a layer index in \[0, 2\) or \"all\""):
+            model(ids, attention_layer=bad)

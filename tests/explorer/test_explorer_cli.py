@@ -184,7 +184,7 @@ def test_export_of_a_language_model(tiny_llama_dir, llama_source, tmp_path, caps
         (["--max-new-tokens", "0"], 2, "argument --max-new-tokens: must be a positive integer, not '0'"),
         (["--max-new-tokens", "-3"], 2, "argument --max-new-tokens: must be a positive integer, not '-3'"),
         (["--max-new-tokens", "65"], 2, "--max-new-tokens must be from 1 to 64. Received: 65"),
-        (["--lm", "--model", "/no/such/model.gguf"], 1, "model directory /no/such/model.gguf does not exist"),
+        (["--lm", "--model", "/no/such/model.gguf"], 1, "model file /no/such/model.gguf does not exist"),
         (["--lm", "--export", "p.html", "--text", " "], 2, "--text is empty: nothing to explore"),
         (["--model", "TINY_BERT", "--max-new-tokens", "5"], 1, "`max_new_tokens` is for a language model"),
         (["--model", "TINY_BERT", "--lm"], 1, "is not a language model: --lm takes a GGUF file"),

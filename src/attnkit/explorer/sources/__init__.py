@@ -86,11 +86,12 @@ def open_model(path=None, *, lm=False, max_new_tokens=None):
         ValueError: a model its loader cannot read (named by the loader); `lm` or `max_new_tokens`
             for a model that is not a language model; a bad `max_new_tokens`.
     """
-    source = _open(path, lm)
-    if max_new_tokens is not None:
+    if max_new_tokens is not None:  # before a model is read
         from attnkit.explorer.sources.causal_lm import check_max_new_tokens
 
         check_max_new_tokens(max_new_tokens)
+    source = _open(path, lm)
+    if max_new_tokens is not None:
         if source.kind != "causal-lm":
             raise ValueError(f"`max_new_tokens` is for a language model; {source.name} is a {source.kind}")
         source.max_new_tokens = max_new_tokens
@@ -106,7 +107,8 @@ def _open(path, lm):
     if not os.path.isdir(path):
         if os.path.exists(path):
             raise FileNotFoundError(f"model {path} is neither a directory nor a GGUF file")
-        raise FileNotFoundError(f"model directory {path} does not exist")
+        what = "file" if path.lower().endswith(".gguf") else "directory"
+        raise FileNotFoundError(f"model {what} {path} does not exist")
     if lm and not _is_causal_lm(path):
         raise ValueError(
             f"{path} is not a language model: --lm takes a GGUF file or a directory whose config.json has "
