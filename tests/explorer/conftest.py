@@ -49,3 +49,45 @@ def tiny_source(tiny_bert_dir):
     from attnkit.explorer import open_model
 
     return open_model(tiny_bert_dir)
+
+
+def write_tiny_llama(path, seed=0):
+    """A random 2-layer llama (4 query heads sharing 2 K/V heads) with a byte-level tokenizer, as
+    tests/test_cli_generation.py writes its own; its end token is id 256."""
+    import json
+
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from attnkit.models.gguf_checkpoint import bytes_to_unicode
+
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    vocab["<s>"] = 256
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<s>"])
+    tokenizer.save(str(path / "tokenizer.json"))
+    with open(path / "tokenizer_config.json", "w") as f:
+        json.dump({"eos_token": "<s>"}, f)
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=257, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, eos_token_id=256, rope_theta=500.0,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    pytest.importorskip("transformers", reason="the tiny language model is written with transformers")
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def llama_source(tiny_llama_dir):
+    from attnkit.explorer import open_model
+
+    return open_model(tiny_llama_dir, max_new_tokens=12)

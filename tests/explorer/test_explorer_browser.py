@@ -270,3 +270,94 @@ def test_the_exported_file_works_offline(page, tiny_bert_dir, tiny_source, tmp_p
     assert attempted == []
     resources = page.evaluate("() => performance.getEntriesByType('resource').map(e => e.name)")
     assert resources == []
+
+
+def set_step(page, step):
+    page.eval_on_selector("#step", f"s => {{ s.value = '{step}'; s.dispatchEvent(new Event('input')); }}")
+
+
+def test_language_model_generation_step_by_step(page, serve, llama_source, artifacts):
+    server = serve(llama_source)
+    page.goto(server.url)
+    prompt = "The cat sat on"
+    explore(page, prompt)
+    data = page_data(page)
+    assert data == json.loads(to_json(llama_source.attention(prompt)))
+    kind, steps = data["attention"][0], data["steps"]
+    w, labels, P, G = kind["weights"], steps["labels"], steps["query_rows"][0], len(steps["labels"])
+    heads = range(kind["heads"])
+    assert G >= 6
+    assert page.locator("#head-svg text[data-side=q]").count() == P + G - 1  # the last step: every token read
+    assert page.locator("#heads label").all_text_contents() == ["0 (K/V 0)", "1 (K/V 0)", "2 (K/V 1)", "3 (K/V 1)"]
+    assert page.text_content("#kv-note") == "4 query heads share 2 K/V heads (grouped-query attention)"
+    assert "Causal" in page.text_content("#causal-hint")
+
+    set_step(page, 2)  # writes the third token: P + 2 tokens read, the last of them this step's query
+    assert page.locator("#head-svg text[data-side=q]").count() == P + 2
+    assert page.locator("#head-svg text[data-side=k]").count() == P + 2  # no later token drawn
+    assert page.eval_on_selector_all("#head-svg text.current", "ts => ts.map(t => +t.dataset.index)") == [P + 1]
+    assert page.text_content("#step-label").startswith(f"3/{G}: writes {json.dumps(labels[2], ensure_ascii=False)}")
+    spans = page.eval_on_selector_all("#generation span", "ss => ss.map(s => [s.className, s.textContent])")
+    assert spans == [["prompt", t] for t in data["tokens"]] + [["generated", labels[0]], ["generated", labels[1]],
+                                                                ["current", labels[2]]]
+    assert_lines_follow(page, w[0], heads, range(P + 2), range(P + 2))
+    page.hover(f"#head-svg g.token-row[data-side=q][data-index='{P + 1}']")  # the new token's attention
+    assert_lines_follow(page, w[0], heads, [P + 1], range(P + 2))
+    page.mouse.move(5, 5)
+    page.select_option("#layer", "1")
+    page.click("#no-heads")
+    page.check("#heads input[data-head='3']")
+    assert_lines_follow(page, w[1], [3], range(P + 2), range(P + 2))
+
+    # The enlarged head: weights on and below the diagonal, later tokens grey, never a weight.
+    page.click("#grid canvas[data-layer='1'][data-head='3']")
+    assert "head 3 (K/V 1)" in page.text_content("#enlarged-title")
+    cells = page.eval_on_selector_all(
+        "#enlarged-svg rect.cell", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, +r.getAttribute('fill-opacity')])"
+    )
+    assert sorted((q, k) for q, k, _ in cells) == [(q, k) for q in range(P + 2) for k in range(q + 1)]
+    assert all(opacity == w[1][3][q][k] for q, k, opacity in cells)
+    future = page.eval_on_selector_all("#enlarged-svg rect.future", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k])")
+    assert sorted(map(tuple, future)) == [(q, k) for q in range(P + 2) for k in range(q + 1, P + 2)]
+    page.screenshot(path=os.path.join(artifacts, "lm-step-3.png"), full_page=True)
+
+    # Playback: on from step 3, one token at a time, to the last step.
+    renders = page.evaluate("() => Number(document.body.dataset.renders)")
+    page.click("#play")
+    page.wait_for_function("() => document.body.dataset.playing === 'false'", timeout=30000)
+    assert page.input_value("#step") == str(G - 1)
+    assert page.evaluate("() => Number(document.body.dataset.renders)") - renders == G - 3  # every step drawn
+    assert page.locator("#generation span.current").text_content() == labels[-1]
+    assert_lines_follow(page, w[1], [3], range(P + G - 1), range(P + G - 1))
+    page.screenshot(path=os.path.join(artifacts, "lm-last-step.png"), full_page=True)
+
+
+def test_the_exported_language_model_page_plays_offline(page, tiny_llama_dir, llama_source, tmp_path):
+    out = tmp_path / "lm.html"
+    text = "Once upon a time"
+    argv = ["explore", "--model", tiny_llama_dir, "--max-new-tokens", "12", "--export", str(out), "--text", text]
+    assert cli.main(argv) == 0
+    attempted = []
+
+    def only_files(route):
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            attempted.append(route.request.url)
+            route.abort()
+
+    page.context.route("**/*", only_files)
+    page.context.set_offline(True)
+    page.goto(out.as_uri())
+    page.wait_for_selector("#head-svg line.attn", state="attached")
+    data = page_data(page)
+    assert data == json.loads(to_json(llama_source.attention(text)))
+    kind, P = data["attention"][0], data["steps"]["query_rows"][0]
+    page.click("#play")  # from the last step: playback starts over at the first
+    assert page.input_value("#step") == "0"
+    assert page.locator("#head-svg text[data-side=k]").count() == P  # only the prompt exists yet
+    assert_lines_follow(page, kind["weights"][0], range(kind["heads"]), range(P), range(P))
+    page.wait_for_function("() => document.body.dataset.playing === 'false'", timeout=30000)
+    assert page.input_value("#step") == str(len(data["steps"]["labels"]) - 1)
+    assert attempted == []
+    assert page.evaluate("() => performance.getEntriesByType('resource').map(e => e.name)") == []

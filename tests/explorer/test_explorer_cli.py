@@ -162,3 +162,39 @@ def test_the_command_serves_until_sigint(tiny_bert_dir):
 
 def _src():
     return os.path.join(os.path.dirname(__file__), "..", "..", "src")
+
+
+def test_export_of_a_language_model(tiny_llama_dir, llama_source, tmp_path, capsys):
+    out = tmp_path / "lm.html"
+    text = "Once upon a time"
+    argv = ["explore", "--lm", "--model", tiny_llama_dir, "--max-new-tokens", "12", "--export", str(out), "--text", text]
+    assert cli.main(argv) == 0
+    data = page_data(out)
+    assert data == json.loads(to_json(llama_source.attention(text)))
+    steps = len(data["steps"]["labels"])
+    assert capsys.readouterr().err == (
+        f"wrote {out}: {llama_source.name}, {len(text) + steps - 1} tokens, 1 attention kind(s), 2 layers x 4 heads, "
+        f"{steps} decoding steps\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, status, message",
+    [
+        (["--max-new-tokens", "0"], 2, "argument --max-new-tokens: must be a positive integer, not '0'"),
+        (["--max-new-tokens", "-3"], 2, "argument --max-new-tokens: must be a positive integer, not '-3'"),
+        (["--max-new-tokens", "65"], 2, "--max-new-tokens must be from 1 to 64. Received: 65"),
+        (["--lm", "--model", "/no/such/model.gguf"], 1, "model file /no/such/model.gguf does not exist"),
+        (["--lm", "--export", "p.html", "--text", " "], 2, "--text is empty: nothing to explore"),
+        (["--model", "TINY_BERT", "--max-new-tokens", "5"], 1, "`max_new_tokens` is for a language model"),
+        (["--model", "TINY_BERT", "--lm"], 1, "is not a language model: --lm takes a GGUF file"),
+        (["--model", "NOT_GGUF", "--lm"], 1, "is neither a directory nor a GGUF file"),
+    ],
+)
+def test_language_model_errors_are_one_line(argv, status, message, tiny_bert_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(server_module, "ExplorerServer", _no_server)
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_text("not GGUF")
+    argv = [{"TINY_BERT": tiny_bert_dir, "NOT_GGUF": str(not_gguf)}.get(a, a) for a in argv]
+    assert cli.main(["explore", *argv]) == status
+    assert message in one_line_error(capsys)

@@ -88,6 +88,16 @@ def test_steps_must_fit_a_stepwise_attention():
         make(attention=[plain], decimals=0)
 
 
+def test_kv_heads_name_each_query_heads_shared_key_value_head():
+    w = np.full((1, 4, 2, 2), 0.5)
+    assert make(attention=[Attention("self", list("ab"), list("ab"), w)])["attention"][0]["kv_heads"] is None
+    grouped = make(attention=[Attention("self", list("ab"), list("ab"), w, kv_heads=[0, 0, 1, 1])])
+    assert grouped["attention"][0]["kv_heads"] == [0, 0, 1, 1]
+    for bad in ([0, 1], [0, 0, 1, -1]):
+        with pytest.raises(ValueError, match=r"`kv_heads` of 'self' must give a key/value head index >= 0 for each of its 4"):
+            make(attention=[Attention("self", list("ab"), list("ab"), w, kv_heads=bad)])
+
+
 class _Scripts(html.parser.HTMLParser):
     """The text of each <script> element by id, as a browser's parser splits it."""
 

@@ -1,7 +1,10 @@
 """`attnkit explore`: the attention explorer, served on 127.0.0.1 or exported to one HTML file.
 
-    attnkit explore [--model DIR] [--port N] [--open] [--text TEXT]
-    attnkit explore --export page.html --text "..." [--model DIR] [--force]
+    attnkit explore [--model PATH] [--lm] [--max-new-tokens N] [--port N] [--open] [--text TEXT]
+    attnkit explore --export page.html --text "..." [--model PATH] [--lm] [--max-new-tokens N] [--force]
+
+A language model (`--lm`: SmolLM2 by default; or `--model` a GGUF file or llama / mistral / qwen2
+directory) shows the text as a prompt, the tokens it generates, and each step's attention.
 
 The model is read before anything else, so a directory that cannot be read is one line on stderr
 before any server starts.
@@ -12,7 +15,7 @@ import os
 import sys
 import threading
 
-from attnkit.cli.errors import CommandError, non_negative_int
+from attnkit.cli.errors import CommandError, non_negative_int, positive_int
 
 
 def add_commands(commands):
@@ -21,8 +24,17 @@ def add_commands(commands):
         "explore", help="an interactive page of the attention heads (served locally, or exported to one HTML file)"
     )
     explore.add_argument(
-        "--model", metavar="DIR",
-        help="a BERT-architecture directory, or a date translator written by train or demo (default: all-MiniLM-L6-v2)",
+        "--model", metavar="PATH",
+        help="a BERT-architecture directory, a date translator written by train or demo, or a language model "
+        "(a GGUF file or llama / mistral / qwen2 directory) (default: all-MiniLM-L6-v2)",
+    )
+    explore.add_argument(
+        "--lm", action="store_true",
+        help="explore the language model generating token by token (default SmolLM2-135M-Instruct, or --model)",
+    )
+    explore.add_argument(
+        "--max-new-tokens", type=positive_int, default=None, metavar="N",
+        help="a language model's most generated tokens per text, 1 to 64 (default 16)",
     )
     explore.add_argument("--text", help="the text to explore (served: shown when the page opens; needed by --export)")
     explore.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default: a free one, printed)")
@@ -41,10 +53,17 @@ def _port(text):
 
 def _explore(args):
     from attnkit.explorer.sources import open_model
+    from attnkit.explorer.sources.causal_lm import MAX_NEW_TOKENS
 
     if args.export is not None:
         _check_export(args)
-    source = open_model(args.model)
+    if args.max_new_tokens is not None and args.max_new_tokens > MAX_NEW_TOKENS:
+        raise CommandError(f"--max-new-tokens must be from 1 to {MAX_NEW_TOKENS}. Received: {args.max_new_tokens}")
+    # Only the options given: each is refused for a model it does not apply to.
+    options = {"lm": True} if args.lm else {}
+    if args.max_new_tokens is not None:
+        options["max_new_tokens"] = args.max_new_tokens
+    source = open_model(args.model, **options)
     if args.export is not None:
         return _export(args, source)
     return _serve(args, source)
@@ -78,7 +97,8 @@ def _export(args, source):
     first = data["attention"][0]
     print(
         f"wrote {args.export}: {data['model']}, {len(first['query_tokens'])} tokens, {len(data['attention'])} "
-        f"attention kind(s), {first['layers']} layers x {first['heads']} heads",
+        f"attention kind(s), {first['layers']} layers x {first['heads']} heads"
+        + (f", {len(data['steps']['labels'])} decoding steps" if data["steps"] else ""),
         file=sys.stderr,
     )
     return 0

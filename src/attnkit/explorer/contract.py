@@ -10,7 +10,7 @@ server's `/api/attention` returns.
       "notes": ["The text is 300 tokens long ..."],
       "attention": [
         {"name": "self-attention", "query_tokens": [...], "key_tokens": [...],
-         "stepwise": false, "causal": false,
+         "stepwise": false, "causal": false, "kv_heads": null,
          "weights": [[[[w, ...], ...], ...], ...]}          # layers x heads x T_q x T_k
       ],
       "steps": null | {"labels": [...], "query_rows": [...]},
@@ -20,6 +20,9 @@ server's `/api/attention` returns.
 `steps` (models that generate): at step s the page shows the query rows [0, query_rows[s]) of every
 `stepwise` attention, and `labels[s]` is the token generated at that step; a `causal` attention has
 its keys equal to its queries and shows the same number of keys.
+
+`kv_heads` (grouped-query attention): for each of the h query heads, the key/value head it shares;
+null when every head has its own keys and values.
 
 Legend: n layers, h heads, T_q query tokens, T_k key tokens.
 """
@@ -45,6 +48,8 @@ class Attention:
         stepwise: whether the rows appear one decoding step at a time (see `Steps`).
         causal: whether the keys are the queries (decoder self-attention): a step shows as many keys
             as rows.
+        kv_heads: None, or for each of the h query heads the key/value head it shares
+            (grouped-query attention).
     """
 
     name: str
@@ -53,6 +58,7 @@ class Attention:
     weights: np.ndarray
     stepwise: bool = False
     causal: bool = False
+    kv_heads: list = None
 
 
 @dataclass
@@ -141,6 +147,12 @@ def _attention_json(a, decimals):
         )
     if a.causal and list(a.query_tokens) != list(a.key_tokens):
         raise ValueError(f"A causal attention has its queries as keys; {a.name!r} has different query and key tokens")
+    kv_heads = None if a.kv_heads is None else [int(g) for g in a.kv_heads]
+    if kv_heads is not None and (len(kv_heads) != w.shape[1] or min(kv_heads) < 0):
+        raise ValueError(
+            f"`kv_heads` of {a.name!r} must give a key/value head index >= 0 for each of its {w.shape[1]} query "
+            f"heads. Received: {kv_heads}"
+        )
     rounded = np.clip(np.round(w, decimals), 0.0, 1.0)  # (n, h, T_q, T_k)
     return {
         "name": a.name,
@@ -148,6 +160,7 @@ def _attention_json(a, decimals):
         "key_tokens": [str(t) for t in a.key_tokens],
         "stepwise": bool(a.stepwise),
         "causal": bool(a.causal),
+        "kv_heads": kv_heads,
         "layers": int(w.shape[0]),
         "heads": int(w.shape[1]),
         "weights": rounded.tolist(),

@@ -49,7 +49,8 @@ class CausalLM(keras.Model):
         attention_mask: optional (B, T) 0/1 or bool, 0 on (left) padding. Default all ones.
         cache: optional `KVCache` (from `new_cache`); the T tokens follow the cached ones.
         last_only: return the logits of the last position only, (B, 1, V). Default False.
-        attention_layer: optional layer index whose attention weights (B, h, T, S) to return too.
+        attention_layer: optional layer index whose attention weights (B, h, T, S) to return too, or
+            "all" for a list of every layer's (the explorer's view of cached decoding).
 
     Returns:
         logits (B, T, V) in float32 (or (B, 1, V)), and the weights when `attention_layer` is given.
@@ -118,6 +119,16 @@ class CausalLM(keras.Model):
         token_ids = ops.convert_to_tensor(token_ids)
         if len(token_ids.shape) != 2:
             raise ValueError(f"`token_ids` must have rank 2, (batch, length). Received: token_ids.shape={tuple(token_ids.shape)}")
+        if attention_layer == "all":
+            wanted = range(self.n)
+        elif attention_layer is None or (
+            isinstance(attention_layer, int) and not isinstance(attention_layer, bool) and 0 <= attention_layer < self.n
+        ):
+            wanted = () if attention_layer is None else (attention_layer,)
+        else:
+            raise ValueError(
+                f"`attention_layer` must be None, a layer index in [0, {self.n}) or \"all\". Received: attention_layer={attention_layer!r}"
+            )
         B, T = token_ids.shape
         valid_new = np.ones((B, T), bool) if attention_mask is None else np.asarray(ops.convert_to_numpy(attention_mask)).astype(bool)
         if valid_new.shape != (B, T):
@@ -137,15 +148,16 @@ class CausalLM(keras.Model):
         query_slots = np.arange(start, start + T)
         masks = {w: keep_mask(valid, query_slots, w) for w in set(self.sliding_windows)}  # (B, 1, T, S) each
         x = self.embedding(token_ids)  # (B, T, d_model)
-        weights = None
+        weights = []
         for i, layer in enumerate(self.decoder_layers):
-            want = attention_layer == i
+            want = i in wanted
             x = call_sublayer(
                 layer, x, cos, sin, masks[self.sliding_windows[i]], cache=cache, layer_index=i, start=start,
                 return_attention_weights=want,
             )
             if want:
-                x, weights = x
+                x, w = x
+                weights.append(w)
         if last_only:
             x = x[:, -1:]  # (B, 1, d_model)
         x = call_sublayer(self.final_norm, x)
@@ -154,7 +166,9 @@ class CausalLM(keras.Model):
         else:
             logits = call_sublayer(self.lm_head, x)
         logits = ops.cast(logits, "float32")
-        return logits if attention_layer is None else (logits, weights)
+        if attention_layer is None:
+            return logits
+        return logits, (weights if attention_layer == "all" else weights[0])
 
     def get_config(self):
         return {

