@@ -65,7 +65,7 @@ def train(config, engine, *, checkpoint_dir=None, resume=False, callbacks=(), lo
     Raises:
         ValueError: `resume` without a checkpoint, or with one written for another configuration.
     """
-    from attnkit.translation import build_model, make_arrays
+    from attnkit.translation import build_model, make_arrays, make_optimizer
 
     keras.utils.set_random_seed(config.seed)
     tokenizer = dates.CharTokenizer()
@@ -75,7 +75,7 @@ def train(config, engine, *, checkpoint_dir=None, resume=False, callbacks=(), lo
     with engine.scope():
         model = build_model(config, tokenizer)
         model.compile(
-            optimizer=keras.optimizers.Adam(config.learning_rate),
+            optimizer=make_optimizer(config, len(source) // config.batch_size),  # epoch_order's steps
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
         model((source[:b], decoder_input[:b]))  # creates the weights, so that they can be restored
