@@ -51,11 +51,7 @@ def copy_torch_encoder_layer(theirs, layer):
     ff = layer.feed_forward
     ff.fully_connected1.set_weights([sd["linear1.weight"].T, sd["linear1.bias"]])
     ff.fully_connected2.set_weights([sd["linear2.weight"].T, sd["linear2.bias"]])
-    if layer.norm_first:
-        norms = (layer.norm1, layer.norm2)
-    else:
-        norms = (layer.add_norm1.layer_norm, layer.add_norm2.layer_norm)
-    for norm, name in zip(norms, ("norm1", "norm2")):
+    for norm, name in zip(layer.norms, ("norm1", "norm2")):
         norm.set_weights([sd[f"{name}.weight"], sd[f"{name}.bias"]])
 
 
