@@ -11,6 +11,7 @@ import attnkit  # noqa: F401  (chooses the Keras backend before Keras is importe
 import keras
 
 from backend_utils import to_numpy
+from layer_harness import check_config_round_trip
 
 
 def assert_close(actual, desired, atol=1e-5, rtol=0.0):
@@ -57,12 +58,7 @@ def copy_torch_encoder_layer(theirs, layer):
 
 def config_round_trip(layer, *inputs, **call_kwargs):
     """Rebuilds `layer` from its config, copies the weights, and checks the outputs are identical."""
-    expected = layer(*inputs, **call_kwargs)
-    clone = layer.__class__.from_config(layer.get_config())
-    clone(*inputs, **call_kwargs)
-    clone.set_weights(layer.get_weights())
-    assert clone.get_config() == layer.get_config()
-    np.testing.assert_array_equal(to_numpy(clone(*inputs, **call_kwargs)), to_numpy(expected))
+    check_config_round_trip(layer, inputs, call_kwargs)
 
 
 def keras_file_round_trip(model, inputs, path):

@@ -118,7 +118,13 @@ class PositionEmbeddingFixedWeights(CheckedCall, keras.layers.Layer):
 
     @property
     def token_embeddings(self):
-        """The token embedding table, a (vocab_size, d_model) variable: what output tying shares."""
+        """The token embedding table, a (vocab_size, d_model) variable: what output tying shares.
+
+        Raises:
+            ValueError: the layer is not built yet (the table does not exist before).
+        """
+        if not self.token_embedding.built:
+            raise ValueError(f"The token embeddings of `{self.name}` exist once it is built; call or build it first")
         return self.token_embedding.embeddings
 
     def embed_at(self, ids, start=0, position_ids=None):

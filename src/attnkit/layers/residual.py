@@ -61,7 +61,8 @@ class Residual(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, x_shape):
-        self.norm.build(x_shape)
+        if not self.norm.built:  # a norm deserialized from a config comes built (its build_config)
+            self.norm.build(x_shape)
 
     def call(self, x, sublayer=None, training=None):
         if not callable(sublayer):
