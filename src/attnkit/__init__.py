@@ -16,6 +16,7 @@ from attnkit.layers import (
     Linear,
     MultiHeadAttention,
     PositionEmbeddingFixedWeights,
+    LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
 )
 from attnkit.models import BertEncoder, PretrainedEncoder, load_pretrained
@@ -54,6 +55,7 @@ __all__ = [
     "MaskDtypeError",
     "MultiHeadAttention",
     "PositionEmbeddingFixedWeights",
+    "LearnedPositionEmbedding",
     "PretrainedCausalLM",
     "PretrainedEncoder",
     "SinusoidalPositionEncoding",

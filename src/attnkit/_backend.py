@@ -1,4 +1,4 @@
-"""Choose the default Keras backend before Keras is imported (DESIGN.md decision 2).
+"""Choose the default Keras backend before Keras is imported (docs/decisions.md item 3).
 
 Order of precedence:
 1. `KERAS_BACKEND` in the environment (the user's explicit choice);

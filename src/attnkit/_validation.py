@@ -24,6 +24,7 @@ def positive_int(name, value):
 
 
 def optional_positive_int(name, value):
+    """Returns None for None, else `positive_int(name, value)` (an optional size, such as a window)."""
     return None if value is None else positive_int(name, value)
 
 

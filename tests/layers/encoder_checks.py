@@ -11,6 +11,7 @@ import attnkit  # noqa: F401  (chooses the Keras backend before Keras is importe
 import keras
 
 from backend_utils import to_numpy
+from layer_harness import check_config_round_trip
 
 
 def assert_close(actual, desired, atol=1e-5, rtol=0.0):
@@ -51,22 +52,13 @@ def copy_torch_encoder_layer(theirs, layer):
     ff = layer.feed_forward
     ff.fully_connected1.set_weights([sd["linear1.weight"].T, sd["linear1.bias"]])
     ff.fully_connected2.set_weights([sd["linear2.weight"].T, sd["linear2.bias"]])
-    if layer.norm_first:
-        norms = (layer.norm1, layer.norm2)
-    else:
-        norms = (layer.add_norm1.layer_norm, layer.add_norm2.layer_norm)
-    for norm, name in zip(norms, ("norm1", "norm2")):
+    for norm, name in zip(layer.norms, ("norm1", "norm2")):
         norm.set_weights([sd[f"{name}.weight"], sd[f"{name}.bias"]])
 
 
 def config_round_trip(layer, *inputs, **call_kwargs):
     """Rebuilds `layer` from its config, copies the weights, and checks the outputs are identical."""
-    expected = layer(*inputs, **call_kwargs)
-    clone = layer.__class__.from_config(layer.get_config())
-    clone(*inputs, **call_kwargs)
-    clone.set_weights(layer.get_weights())
-    assert clone.get_config() == layer.get_config()
-    np.testing.assert_array_equal(to_numpy(clone(*inputs, **call_kwargs)), to_numpy(expected))
+    check_config_round_trip(layer, inputs, call_kwargs)
 
 
 def keras_file_round_trip(model, inputs, path):

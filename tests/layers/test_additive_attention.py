@@ -11,6 +11,7 @@ import reference
 from attnkit._validation import ArgumentTypeError
 from attnkit.layers._keras_mask import keras_mask_of
 from backend_utils import to_numpy, value_and_grads
+from layer_harness import check_config_round_trip
 from layer_checks import assert_same_on_every_backend, numpy_outputs, set_additive_weights
 
 B, T_q, T_k, D_Q, D_K, D_V, UNITS = 2, 5, 7, 6, 9, 4, 8  # the widths differ on purpose
@@ -141,12 +142,7 @@ def test_config_round_trip_gives_identical_outputs(rng):
     layer(query, key, value)
     config = layer.get_config()
     assert config["units"] == UNITS and config["name"] == "bahdanau"
-    clone = attnkit.AdditiveAttention.from_config(config)
-    assert clone.get_config() == config
-    clone.build(query.shape, key.shape, value.shape)
-    clone.set_weights(layer.get_weights())
-    for a, b in zip(numpy_outputs(clone(query, key, value)), numpy_outputs(layer(query, key, value))):
-        np.testing.assert_array_equal(a, b)
+    check_config_round_trip(layer, (query, key, value))
 
 
 def test_keras_file_round_trip_in_functional_model(rng, tmp_path):

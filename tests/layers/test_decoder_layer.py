@@ -47,8 +47,7 @@ def torch_decoder_layer_like(layer, rng):
     ff = layer.feed_forward
     ff.fully_connected1.set_weights([sd["linear1.weight"].T, sd["linear1.bias"]])
     ff.fully_connected2.set_weights([sd["linear2.weight"].T, sd["linear2.bias"]])
-    norms = layer.norms if layer.norm_first else [add_norm.layer_norm for add_norm in layer.norms]
-    for norm, name in zip(norms, ("norm1", "norm2", "norm3")):
+    for norm, name in zip(layer.norms, ("norm1", "norm2", "norm3")):
         norm.set_weights([sd[f"{name}.weight"], sd[f"{name}.bias"]])
     return theirs.eval()
 

@@ -11,6 +11,7 @@ import attnkit
 import reference
 from attnkit._validation import ArgumentTypeError
 from backend_utils import to_numpy, value_and_grads
+from layer_harness import check_config_round_trip
 from layer_checks import assert_same_on_every_backend, numpy_outputs
 
 B, H, T_q, T_k, D_K, D_V = 2, 3, 5, 7, 4, 6  # all different, so no 2-D mask is ambiguous
@@ -150,10 +151,7 @@ def test_config_round_trip(rng):
     layer = attnkit.DotProductAttention(dropout=0.3, seed=11, name="dpa")
     config = layer.get_config()
     assert config["dropout"] == 0.3 and config["seed"] == 11 and config["name"] == "dpa"
-    clone = attnkit.DotProductAttention.from_config(config)
-    assert clone.get_config() == config
-    q, k, v = inputs(rng)
-    np.testing.assert_array_equal(to_numpy(clone(q, k, v)), to_numpy(layer(q, k, v)))
+    check_config_round_trip(layer, inputs(rng))
 
 
 def test_keras_file_round_trip_in_functional_model(rng, tmp_path):

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 from backend_utils import to_numpy
+from layer_harness import check_config_round_trip
 from reference import attention as np_attention
 
 from attnkit.layers.multi_head_attention import MultiHeadAttention
@@ -65,6 +66,7 @@ def test_residual_both_arrangements(rng):
     config = pre.get_config()
     clone = Residual.from_config(config)
     assert clone.norm_first and isinstance(clone.norm, RMSNorm)
+    check_config_round_trip(pre, (x,), {"sublayer": f})
 
 
 def test_residual_dropout_only_in_training(rng):

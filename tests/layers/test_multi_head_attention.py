@@ -13,6 +13,7 @@ from attnkit._validation import ArgumentTypeError
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.ops import _fused
 from backend_utils import BACKEND, to_numpy, value_and_grads
+from layer_harness import check_config_round_trip
 from layer_checks import assert_same_on_every_backend, numpy_outputs, set_mha_weights
 
 B, T_q, T_k, H = 2, 5, 7, 3  # all different, so no 2-D mask is ambiguous
@@ -237,12 +238,7 @@ def test_config_round_trip_gives_identical_outputs(rng):
     assert {k: config[k] for k in ("h", "d_k", "d_v", "d_model", "dropout", "use_bias", "seed")} == {
         "h": H, "d_k": 4, "d_v": 5, "d_model": 8, "dropout": 0.25, "use_bias": False, "seed": 7,
     }
-    clone = attnkit.MultiHeadAttention.from_config(config)
-    assert clone.get_config() == config
-    q, k, v = inputs(rng)
-    clone.build(q.shape, k.shape, v.shape)
-    clone.set_weights(layer.get_weights())
-    np.testing.assert_array_equal(to_numpy(clone(q, k, v)), to_numpy(layer(q, k, v)))
+    check_config_round_trip(layer, inputs(rng))
 
 
 def test_keras_file_round_trip_in_functional_model(rng, tmp_path):

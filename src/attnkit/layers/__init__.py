@@ -10,7 +10,7 @@ from attnkit.layers.encoder_layer import EncoderLayer
 from attnkit.layers.feed_forward import FeedForward
 from attnkit.layers.linear import Linear
 from attnkit.layers.multi_head_attention import MultiHeadAttention
-from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
+from attnkit.layers.position_embedding import LearnedPositionEmbedding, PositionEmbeddingFixedWeights
 from attnkit.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "LearnedPositionEmbedding",
     "Linear",
     "MultiHeadAttention",
     "PositionEmbeddingFixedWeights",

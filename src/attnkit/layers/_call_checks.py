@@ -19,11 +19,26 @@ class CheckedCall:
     """A mixin, before `keras.layers.Layer` in the bases: checks the call arguments named in
     `_call_checks`, a dict with any of the keys "floats" (floating tensors), "ids" (token ids,
     integers or floats), "masks" (boolean or integer keep-masks) and "flags" (bools), each a tuple of
-    `call`'s argument names."""
+    `call`'s argument names.
+
+    It is also the one place where a layer accepts the seeds' positional arguments (docs/decisions.md
+    item 46): with `_positional_training`, a `training` passed as the last positional argument is
+    handed to Keras as a keyword (Keras resolves it only as one); with `_non_tensor_positionals`,
+    Keras lets positional arguments that are not tensors through (the seeds' `d_k`, Python masks).
+    """
 
     _call_checks = {}
+    _positional_training = False
+    _non_tensor_positionals = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self._non_tensor_positionals:
+            self._allow_non_tensor_positional_args = True  # Keras's own switch, set here alone
 
     def __call__(self, *args, **kwargs):
+        if self._positional_training and "training" not in kwargs and len(args) == _training_slot(type(self)):
+            *args, kwargs["training"] = args
         arguments = _bound(type(self), args, kwargs)
         if arguments is not None:
             check_arguments(arguments, **self._call_checks)
@@ -57,3 +72,10 @@ def _bound(cls, args, kwargs):
 @functools.cache
 def _signature(cls):
     return inspect.signature(cls.call)
+
+
+@functools.cache
+def _training_slot(cls):
+    """How many positional arguments `call` takes up to and including `training` (None without one)."""
+    names = list(_signature(cls).parameters)[1:]  # without `self`
+    return names.index("training") + 1 if "training" in names else None

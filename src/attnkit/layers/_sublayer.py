@@ -1,14 +1,23 @@
-"""`call_sublayer`: a parent layer's call of one of its own built sublayers, without Keras's per-call
-bookkeeping.
+"""`call_sublayer`: the one way a layer calls the layers it owns inside its `call` (docs/decisions.md
+item 45).
 
-Keras's `Layer.__call__` binds the arguments to the signature, checks the input specs, opens name and
-autocast scopes, resolves `training` and masks, and records mask metadata on the outputs: about 150 us
-a call on the torch backend, eagerly, against 7 us for the GEMM of a small `Linear`. A 6-layer encoder
-makes some 60 such calls. Inside the parent's `call` that work is already done: the parent's `__call__`
-cast the inputs to the compute dtype and opened the autocast scope that also covers the sublayers'
-variables (they share the parent's dtype policy), the parent passes `training` and masks explicitly,
-and no one reads the mask metadata of intermediate results. jax and tensorflow compile the forward
-pass, so for them this only shortens tracing.
+The convention: inside a layer's `call` (and its public methods that run the same stack, such as
+`Encoder.encode` and decoding), every owned, built layer is called as `call_sublayer(layer, *tensors,
+**keywords)`, with `training` and every mask passed explicitly by keyword, the Keras masks that
+`__call__` would fill included (e.g. a cross-attention's `keys_mask`). The embedding layers are the
+exception: they are called through `__call__`, since the Keras mask they attach to their output is
+the padding mask that the caller (and Keras's own mask propagation) reads.
+
+Why: Keras's `Layer.__call__` binds the arguments to the signature, checks the input specs, opens name
+and autocast scopes, resolves `training` and masks, and records mask metadata on the outputs: on the
+torch backend, eagerly, many times the GEMM of a small `Linear` (docs/performance.md, "Measurements
+behind the code"); a 6-layer encoder makes some 60 such calls. Inside the parent's `call` that work
+is already done: the parent's `__call__` cast the inputs to the compute dtype and opened the autocast
+scope that also covers the sublayers' variables (they share the parent's dtype policy), the parent
+passes `training` and masks explicitly, and no one reads the mask metadata of intermediate results.
+Where any of that does not hold, `call_sublayer` goes through `__call__` itself (see below), so
+symbolic tracing, mixed precision, quantization and distribution stay Keras's. jax and tensorflow
+compile the forward pass, so for them this only shortens tracing.
 """
 
 import keras
@@ -63,7 +72,7 @@ _DTYPE_NAMES = {}
 
 
 def _dtype_name(dtype):
-    """keras.backend.standardize_dtype(dtype), remembered: ~2 us instead of ~8 us per argument."""
+    """keras.backend.standardize_dtype(dtype), remembered: a dict look-up instead of a parse per argument."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = keras.backend.standardize_dtype(dtype)
@@ -71,13 +80,15 @@ def _dtype_name(dtype):
 
 
 def call_layer_norm(norm, x):
-    """`call_sublayer(norm, x)` for a `keras.layers.LayerNormalization` over the last axis.
+    """`call_sublayer(norm, x)` for a norm layer; one fused call for a `keras.layers.LayerNormalization`
+    over the last axis.
 
     On torch that is one `torch.nn.functional.layer_norm` (the call Keras's layer makes there, so the
     same numbers), made directly where `call_sublayer` would skip `__call__` anyway.
     """
     if (
-        norm.built
+        isinstance(norm, keras.layers.LayerNormalization)
+        and norm.built
         and not norm.rms_scaling
         and norm.axis in ([-1], [len(x.shape) - 1])
         and not _keras_call_needed(norm, (x,))

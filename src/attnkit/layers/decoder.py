@@ -6,24 +6,20 @@
 Legend: B batch, T target length, S source length, h heads, d_model, n number of layers (the paper's N).
 """
 
-import math
-
 import keras
 from keras import ops
 
-from attnkit._validation import boolean, positive_float, positive_int
-from attnkit._validation import rate as dropout_rate
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._shapes import check_model_width, weights_spec
-from attnkit.layers._sublayer import call_layer_norm
+from attnkit.layers._stack_config import STACK_FIELDS, StackConfig
+from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_layer import DecoderLayer
-from attnkit.layers.feed_forward import check_activation
-from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
+from attnkit.layers.position_embedding import position_embedding
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Decoder(CheckedCall, keras.layers.Layer):
+class Decoder(StackConfig, CheckedCall, keras.layers.Layer):
     """Embeddings, dropout and a stack of `n` `DecoderLayer`s.
 
     Args:
@@ -59,29 +55,23 @@ class Decoder(CheckedCall, keras.layers.Layer):
         ids=("output_target",), floats=("encoder_output",), masks=("lookahead_mask", "padding_mask"),
         flags=("return_attention_weights",),
     )
+    _positional_training = True  # the seeds call `decoder(ids, encoder_output, lookahead, padding, training)`
+    _non_tensor_positionals = True  # and pass their masks positionally
+    _config_fields = STACK_FIELDS
 
     def __init__(
         self, vocab_size, sequence_length, h, d_k, d_v, d_model, d_ff, n, rate, *, pad_id=0, norm_first=False,
         activation="relu", epsilon=1e-6, position="sinusoidal", **kwargs,
     ):
         super().__init__(**kwargs)
-        self.vocab_size = positive_int("vocab_size", vocab_size)
-        self.sequence_length = positive_int("sequence_length", sequence_length)
-        self.h = positive_int("h", h)
-        self.d_k = positive_int("d_k", d_k)
-        self.d_v = positive_int("d_v", d_v)
-        self.d_model = positive_int("d_model", d_model)
-        self.d_ff = positive_int("d_ff", d_ff)
-        self.n = positive_int("n", n)
-        self.rate = dropout_rate("rate", rate)
-        self.norm_first = bool(boolean("norm_first", norm_first))
-        self.activation = check_activation(activation)
-        self.epsilon = positive_float("epsilon", epsilon)
+        self.set_sizes(
+            vocab_size=vocab_size, sequence_length=sequence_length, h=h, d_k=d_k, d_v=d_v, d_model=d_model,
+            d_ff=d_ff, n=n, rate=rate, norm_first=norm_first, activation=activation, epsilon=epsilon,
+        )
         self.supports_masking = True
-        self._allow_non_tensor_positional_args = True  # the seeds pass masks and `training` positionally
         policy = self.dtype_policy
-        self.pos_encoding = PositionEmbeddingFixedWeights(
-            sequence_length, vocab_size, d_model, position=position, pad_id=pad_id, name="pos_encoding", dtype=policy
+        self.pos_encoding = position_embedding(
+            position, sequence_length, vocab_size, d_model, pad_id=pad_id, name="pos_encoding", dtype=policy
         )
         self.pad_id, self.position = self.pos_encoding.pad_id, self.pos_encoding.position
         self.dropout = keras.layers.Dropout(self.rate, name="dropout", dtype=policy)
@@ -107,12 +97,6 @@ class Decoder(CheckedCall, keras.layers.Layer):
         if self.final_norm is not None:
             self.final_norm.build(x_shape)
 
-    def __call__(self, *args, **kwargs):
-        if len(args) == 5 and "training" not in kwargs:
-            # The seeds pass `training` positionally; Keras resolves it only as a keyword.
-            *args, kwargs["training"] = args
-        return super().__call__(*args, **kwargs)
-
     def call(
         self, output_target, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *,
         return_attention_weights=False,
@@ -125,15 +109,16 @@ class Decoder(CheckedCall, keras.layers.Layer):
         self_weights, cross_weights = [], []
         for layer in self.decoder_layers:
             if return_attention_weights:
-                y, s, c = layer(
-                    y, encoder_output, lookahead_mask, padding_mask, training=training, return_attention_weights=True
+                y, s, c = call_sublayer(
+                    layer, y, encoder_output, lookahead_mask, padding_mask, training=training,
+                    return_attention_weights=True,
                 )
                 self_weights.append(s)
                 cross_weights.append(c)
             else:
-                y = layer(y, encoder_output, lookahead_mask, padding_mask, training=training)  # (B, T, d_model)
+                y = call_sublayer(layer, y, encoder_output, lookahead_mask, padding_mask, training=training)  # (B, T, d_model)
         if self.final_norm is not None:
-            y = self.final_norm(y)
+            y = call_layer_norm(self.final_norm, y)
         return (y, self_weights, cross_weights) if return_attention_weights else y
 
     def project_encoder_output(self, encoder_output):
@@ -181,15 +166,12 @@ class Decoder(CheckedCall, keras.layers.Layer):
                 f"Decoding past the decoder's sequence_length={self.sequence_length}. "
                 f"Received: start={start} with {length} new positions"
             )
-        pos = self.pos_encoding
-        tokens = pos.token_embedding(ids)  # (B, T_new, d_model)
-        if pos.scale_embeddings:
-            tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
-        if pos.position == "learned":
-            positions = pos.position_embedding(ops.arange(start, start + length))  # (T_new, d_model)
-        else:
-            positions = ops.slice(pos.position_encoding.table(), (start, 0), (length, self.d_model))
-        return tokens + ops.cast(positions, tokens.dtype)[None]  # (B, T_new, d_model)
+        return self.pos_encoding.embed_at(ids, start)  # (B, T_new, d_model)
+
+    @property
+    def token_embeddings(self):
+        """The target token embedding table, a (vocab_size, d_model) variable: what output tying shares."""
+        return self.pos_encoding.token_embeddings
 
     def compute_mask(self, output_target, *args, **kwargs):
         return self.pos_encoding.compute_mask(output_target)
@@ -208,22 +190,3 @@ class Decoder(CheckedCall, keras.layers.Layer):
         B, T, S = output_target.shape[0], output_target.shape[1], encoder_output.shape[1]
         self_weights = [weights_spec(self, B, T, T) for _ in range(self.n)]
         return output, self_weights, [weights_spec(self, B, T, S) for _ in range(self.n)]
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "vocab_size": self.vocab_size,
-            "sequence_length": self.sequence_length,
-            "h": self.h,
-            "d_k": self.d_k,
-            "d_v": self.d_v,
-            "d_model": self.d_model,
-            "d_ff": self.d_ff,
-            "n": self.n,
-            "rate": self.rate,
-            "pad_id": self.pad_id,
-            "norm_first": self.norm_first,
-            "activation": self.activation,
-            "epsilon": self.epsilon,
-            "position": self.position,
-        }

@@ -5,6 +5,8 @@
                                    x = LayerNorm(x + Dropout(FFN(x)))
     pre-LN (norm_first=True):      x = x + Dropout(MaskedSelfAttention(LN(x))), and so on.
 
+Each line is one `Residual` block around its sub-layer (docs/decisions.md item 45).
+
 The self-attention is always causal (the look-ahead mask): position t sees positions <= t. The
 cross-attention lets every target position look at every real source position.
 
@@ -14,20 +16,20 @@ Legend: B batch, T target length, S source length, h heads, d_k/d_v per-head wid
 import keras
 from keras import ops
 
-from attnkit._validation import boolean, positive_float, positive_int
-from attnkit._validation import rate as dropout_rate
 from attnkit.layers._call_checks import CheckedCall
+from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._shapes import check_model_width, weights_spec
-from attnkit.layers._sublayer import call_layer_norm, call_sublayer
-from attnkit.layers.add_normalization import AddNormalization
+from attnkit.layers._stack_config import LAYER_FIELDS, StackConfig
+from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.encoder_layer import key_padding
-from attnkit.layers.feed_forward import FeedForward, check_activation
+from attnkit.layers.feed_forward import FeedForward
 from attnkit.layers.multi_head_attention import MultiHeadAttention
+from attnkit.layers.residual import AttentionSublayer, residual_block
 from attnkit.ops.masks import _shape_str, broadcast_mask
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class DecoderLayer(CheckedCall, keras.layers.Layer):
+class DecoderLayer(StackConfig, CheckedCall, keras.layers.Layer):
     """Masked self-attention, cross-attention over the encoder output, then a feed-forward network.
 
     Args:
@@ -61,34 +63,34 @@ class DecoderLayer(CheckedCall, keras.layers.Layer):
     _call_checks = dict(
         floats=("x", "encoder_output"), masks=("lookahead_mask", "padding_mask"), flags=("return_attention_weights",)
     )
+    _positional_training = True  # the seeds call `layer(x, encoder_output, lookahead, padding, training)`
+    _non_tensor_positionals = True
+    _config_fields = LAYER_FIELDS
 
     def __init__(
         self, h, d_k, d_v, d_model, d_ff, rate, *, norm_first=False, activation="relu", epsilon=1e-6, **kwargs
     ):
         super().__init__(**kwargs)
-        self.h = positive_int("h", h)
-        self.d_k = positive_int("d_k", d_k)
-        self.d_v = positive_int("d_v", d_v)
-        self.d_model = positive_int("d_model", d_model)
-        self.d_ff = positive_int("d_ff", d_ff)
-        self.rate = dropout_rate("rate", rate)
-        self.norm_first = bool(boolean("norm_first", norm_first))
-        self.activation = check_activation(activation)
-        self.epsilon = positive_float("epsilon", epsilon)
+        self.set_sizes(
+            h=h, d_k=d_k, d_v=d_v, d_model=d_model, d_ff=d_ff, rate=rate, norm_first=norm_first,
+            activation=activation, epsilon=epsilon,
+        )
         self.supports_masking = True
-        self._allow_non_tensor_positional_args = True  # the seeds pass `training` positionally
         policy = self.dtype_policy
-        self.self_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="self_attention", dtype=policy)
-        self.self_attention._keys_keras_mask_with_mask = False  # `lookahead_mask` overrides the padding
+        # `lookahead_mask` overrides the padding: the self-attention adds no Keras mask of its own.
+        self.self_attention = MultiHeadAttention(
+            h, d_k, d_v, d_model, join_keras_mask=False, name="self_attention", dtype=policy
+        )
+        self.self_attention_block = residual_block(self, "self_attention")
         self.cross_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="cross_attention", dtype=policy)
+        self.cross_attention_block = residual_block(self, "cross_attention")
         self.feed_forward = FeedForward(d_ff, d_model, activation=activation, name="feed_forward", dtype=policy)
-        self.dropouts = [keras.layers.Dropout(self.rate, name=f"dropout{i}", dtype=policy) for i in (1, 2, 3)]
-        if self.norm_first:
-            self.norms = [
-                keras.layers.LayerNormalization(epsilon=self.epsilon, name=f"norm{i}", dtype=policy) for i in (1, 2, 3)
-            ]
-        else:
-            self.norms = [AddNormalization(epsilon=self.epsilon, name=f"add_norm{i}", dtype=policy) for i in (1, 2, 3)]
+        self.feed_forward_block = residual_block(self, "feed_forward")
+
+    @property
+    def norms(self):
+        """The three layer norms, of the self-attention, cross-attention and feed-forward sub-layers."""
+        return self.self_attention_block.norm, self.cross_attention_block.norm, self.feed_forward_block.norm
 
     def build(self, x_shape, encoder_output_shape=None, *args, **kwargs):
         x_shape = tuple(x_shape)
@@ -98,38 +100,35 @@ class DecoderLayer(CheckedCall, keras.layers.Layer):
         self.self_attention.build(x_shape)
         self.cross_attention.build(x_shape, encoder_output_shape, encoder_output_shape)
         self.feed_forward.build(x_shape)
-        for norm in self.norms:
-            norm.build(x_shape)
-
-    def __call__(self, *args, **kwargs):
-        if len(args) == 5 and "training" not in kwargs:
-            # The seeds pass `training` positionally; Keras resolves it only as a keyword.
-            *args, kwargs["training"] = args
-        return super().__call__(*args, **kwargs)
+        for block in (self.self_attention_block, self.cross_attention_block, self.feed_forward_block):
+            block.build(x_shape)
 
     def call(
         self, x, encoder_output, lookahead_mask=None, padding_mask=None, training=None, *,
         return_attention_weights=False,
     ):
+        self_attention, cross_attention = self._attentions(x, encoder_output, lookahead_mask, padding_mask, training,
+                                                           return_attention_weights)
+        x = call_sublayer(self.self_attention_block, x, sublayer=self_attention, training=training)  # (B, T, d_model)
+        x = call_sublayer(self.cross_attention_block, x, sublayer=cross_attention, training=training)
+        x = call_sublayer(self.feed_forward_block, x, sublayer=self._feed_forward, training=training)
+        return (x, self_attention.weights, cross_attention.weights) if return_attention_weights else x
+
+    def _attentions(self, x, encoder_output, lookahead_mask, padding_mask, training, with_weights):
+        """The masked self-attention and the cross-attention of `call`, as one-tensor sub-layers."""
         self._check(x, encoder_output)
         self_mask = key_padding(x, lookahead_mask, "lookahead_mask")  # broadcasts to (B, h, T, T), or None
-        cross_mask = None if padding_mask is None else key_padding(encoder_output, padding_mask, queries=x)  # to (B, h, T, S)
+        cross_mask = None if padding_mask is None else key_padding(encoder_output, padding_mask, queries=x)
+        # The encoder output's own Keras mask (source padding) joins `padding_mask`, as `__call__` would.
+        keys_mask = keras_mask_of(encoder_output)
+        self_attention = AttentionSublayer(self.self_attention, self_mask, training, with_weights, causal=True)
+        cross_attention = AttentionSublayer(
+            self.cross_attention, cross_mask, training, with_weights, keys=encoder_output, keys_mask=keys_mask
+        )
+        return self_attention, cross_attention
 
-        def self_attend(q):
-            result = self.self_attention(
-                q, mask=self_mask, causal=True, training=training, return_attention_weights=return_attention_weights
-            )
-            return _pair(result, return_attention_weights)
-
-        def cross_attend(q):
-            result = self.cross_attention(
-                q, encoder_output, encoder_output, mask=cross_mask, training=training,
-                return_attention_weights=return_attention_weights,
-            )
-            return _pair(result, return_attention_weights)
-
-        x, self_weights, cross_weights = self._sublayers(x, self_attend, cross_attend, training)
-        return (x, self_weights, cross_weights) if return_attention_weights else x
+    def _feed_forward(self, x):
+        return call_sublayer(self.feed_forward, x)  # (B, T, d_model)
 
     def decode_step(self, x, cache, cross_keys_values, padding_mask=None, *, return_attention_weights=False):
         """One step of cached (incremental) decoding; inference only.
@@ -151,7 +150,6 @@ class DecoderLayer(CheckedCall, keras.layers.Layer):
         if padding_mask is not None:  # the one rule of every mask argument (docs/decisions.md item 18)
             scores_shape = (x.shape[0], None, x.shape[1], cross_keys_values[0].shape[2])  # (B, h, T_new, S)
             padding_mask = broadcast_mask(padding_mask, scores_shape, "padding_mask")
-        cross_mask = padding_mask
         new_cache = []
 
         def self_attend(q):
@@ -161,46 +159,28 @@ class DecoderLayer(CheckedCall, keras.layers.Layer):
                 v = ops.concatenate([cache[1], v], axis=2)
             new_cache.extend([k, v])
             # Causal masks align bottom-right: the new queries are the last positions of the keys.
-            return self.self_attention.attend_projected(q, k, v, causal=True), None
+            return self.self_attention.attend_projected(q, k, v, causal=True)
+
+        cross_weights = []
 
         def cross_attend(q):
-            k, v = cross_keys_values
             result = self.cross_attention.attend_projected(
-                q, k, v, cross_mask, return_attention_weights=return_attention_weights
+                q, *cross_keys_values, padding_mask, return_attention_weights=return_attention_weights
             )
-            return _pair(result, return_attention_weights)
+            if not return_attention_weights:
+                return result
+            cross_weights.append(result[1])
+            return result[0]
 
-        x, _, cross_weights = self._sublayers(x, self_attend, cross_attend, False)
+        x = call_sublayer(self.self_attention_block, x, sublayer=self_attend, training=False)
+        x = call_sublayer(self.cross_attention_block, x, sublayer=cross_attend, training=False)
+        x = call_sublayer(self.feed_forward_block, x, sublayer=self._feed_forward, training=False)
         out = (x, tuple(new_cache))
-        return out + (cross_weights,) if return_attention_weights else out
+        return out + (cross_weights[0],) if return_attention_weights else out
 
     def project_encoder_output(self, encoder_output):
         """The cross-attention's keys and values, computed once per source sentence for decoding."""
         return self.cross_attention.project_keys_values(encoder_output, encoder_output)
-
-    def _sublayers(self, x, self_attend, cross_attend, training):
-        """The three sub-layers with residuals, dropout and norms; `*_attend(q)` -> (out, weights)."""
-        weights = []
-
-        def attention(attend):
-            def sublayer(q):
-                out, w = attend(q)
-                weights.append(w)
-                return out
-
-            return sublayer
-
-        def feed_forward(x):
-            return call_sublayer(self.feed_forward, x)
-
-        # The sub-layers are called without Keras's per-call bookkeeping (see `call_sublayer`).
-        sublayers = (attention(self_attend), attention(cross_attend), feed_forward)
-        for sublayer, dropout, norm in zip(sublayers, self.dropouts, self.norms):
-            if self.norm_first:
-                x = x + call_sublayer(dropout, sublayer(call_layer_norm(norm, x)), training=training)  # (B, T, d_model)
-            else:
-                x = call_sublayer(norm, x, call_sublayer(dropout, sublayer(x), training=training))  # (B, T, d_model)
-        return x, weights[0], weights[1]
 
     def _check(self, x, encoder_output):
         check_model_width("x", x.shape, self.d_model)
@@ -224,22 +204,3 @@ class DecoderLayer(CheckedCall, keras.layers.Layer):
             return output
         B, T, S = x.shape[0], x.shape[1], encoder_output.shape[1]
         return output, weights_spec(self, B, T, T), weights_spec(self, B, T, S)  # self-, cross-attention
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "h": self.h,
-            "d_k": self.d_k,
-            "d_v": self.d_v,
-            "d_model": self.d_model,
-            "d_ff": self.d_ff,
-            "rate": self.rate,
-            "norm_first": self.norm_first,
-            "activation": self.activation,
-            "epsilon": self.epsilon,
-        }
-
-
-def _pair(result, with_weights):
-    """An attention result as (output, weights or None)."""
-    return result if with_weights else (result, None)

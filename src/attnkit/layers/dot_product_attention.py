@@ -47,6 +47,7 @@ class DotProductAttention(CheckedCall, keras.layers.Layer):
     _call_checks = dict(
         floats=("queries", "keys", "values"), masks=("mask",), flags=("causal", "return_attention_weights")
     )
+    _non_tensor_positionals = True  # the seeds call `attention(queries, keys, values, d_k)`, d_k an int
 
     def __init__(self, *, dropout=0.0, seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -54,8 +55,6 @@ class DotProductAttention(CheckedCall, keras.layers.Layer):
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.supports_masking = True
-        # The seeds call `attention(queries, keys, values, d_k)`: Keras refuses a positional int unless told.
-        self._allow_non_tensor_positional_args = True
         self.built = True
 
     def call(

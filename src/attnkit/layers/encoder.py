@@ -9,20 +9,18 @@ width, n number of layers (the paper's N).
 
 import keras
 
-from attnkit._validation import boolean, positive_float, positive_int
-from attnkit._validation import rate as dropout_rate
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of, with_keras_mask
 from attnkit.layers._shapes import weights_spec
+from attnkit.layers._stack_config import STACK_FIELDS, StackConfig
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
-from attnkit.layers.feed_forward import check_activation
-from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
+from attnkit.layers.position_embedding import position_embedding
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Encoder(CheckedCall, keras.layers.Layer):
+class Encoder(StackConfig, CheckedCall, keras.layers.Layer):
     """Maps a batch of token ids to one d_model vector per token.
 
     Padding never changes the outputs at real tokens: without an explicit `padding_mask`, the
@@ -79,28 +77,22 @@ class Encoder(CheckedCall, keras.layers.Layer):
     """
 
     _call_checks = dict(ids=("input_sentence",), masks=("padding_mask",), flags=("return_attention_weights",))
+    _positional_training = True  # the seeds call `encoder(ids, padding_mask, training)`
+    _config_fields = STACK_FIELDS
 
     def __init__(
         self, vocab_size, sequence_length, h, d_k, d_v, d_model, d_ff, n, rate, *, pad_id=0, norm_first=False,
         activation="relu", epsilon=1e-6, position="sinusoidal", **kwargs,
     ):
         super().__init__(**kwargs)
-        self.vocab_size = positive_int("vocab_size", vocab_size)
-        self.sequence_length = positive_int("sequence_length", sequence_length)
-        self.h = positive_int("h", h)
-        self.d_k = positive_int("d_k", d_k)
-        self.d_v = positive_int("d_v", d_v)
-        self.d_model = positive_int("d_model", d_model)
-        self.d_ff = positive_int("d_ff", d_ff)
-        self.n = positive_int("n", n)
-        self.rate = dropout_rate("rate", rate)
-        self.norm_first = bool(boolean("norm_first", norm_first))
-        self.activation = check_activation(activation)
-        self.epsilon = positive_float("epsilon", epsilon)
+        self.set_sizes(
+            vocab_size=vocab_size, sequence_length=sequence_length, h=h, d_k=d_k, d_v=d_v, d_model=d_model,
+            d_ff=d_ff, n=n, rate=rate, norm_first=norm_first, activation=activation, epsilon=epsilon,
+        )
         self.supports_masking = True
         policy = self.dtype_policy
-        self.pos_encoding = PositionEmbeddingFixedWeights(
-            sequence_length, vocab_size, d_model, position=position, pad_id=pad_id, name="pos_encoding", dtype=policy
+        self.pos_encoding = position_embedding(
+            position, sequence_length, vocab_size, d_model, pad_id=pad_id, name="pos_encoding", dtype=policy
         )
         self.pad_id, self.position = self.pos_encoding.pad_id, self.pos_encoding.position
         self.dropout = keras.layers.Dropout(self.rate, name="dropout", dtype=policy)
@@ -123,12 +115,6 @@ class Encoder(CheckedCall, keras.layers.Layer):
             layer.build(x_shape)
         if self.final_norm is not None:
             self.final_norm.build(x_shape)
-
-    def __call__(self, *args, **kwargs):
-        if len(args) == 3 and "training" not in kwargs:
-            # The seeds pass `training` positionally; Keras resolves it only as a keyword.
-            *args, kwargs["training"] = args
-        return super().__call__(*args, **kwargs)
 
     def call(self, input_sentence, padding_mask=None, training=None, *, return_attention_weights=False):
         ids = check_token_ids(input_sentence, self.vocab_size, self.sequence_length, "input_sentence")  # (B, T)
@@ -183,24 +169,6 @@ class Encoder(CheckedCall, keras.layers.Layer):
         B, T = input_sentence.shape[0], input_sentence.shape[1]
         return output, [weights_spec(self, B, T, T) for _ in range(self.n)]
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "vocab_size": self.vocab_size,
-            "sequence_length": self.sequence_length,
-            "h": self.h,
-            "d_k": self.d_k,
-            "d_v": self.d_v,
-            "d_model": self.d_model,
-            "d_ff": self.d_ff,
-            "n": self.n,
-            "rate": self.rate,
-            "pad_id": self.pad_id,
-            "norm_first": self.norm_first,
-            "activation": self.activation,
-            "epsilon": self.epsilon,
-            "position": self.position,
-        }
 
 
 def _padding(mask):

@@ -5,6 +5,8 @@
     pre-LN (norm_first=True):      x = x + Dropout(MultiHead(LN(x), LN(x), LN(x)))
                                    x = x + Dropout(FFN(LN(x)))
 
+Each line is one `Residual` block around its sub-layer (docs/decisions.md item 45).
+
 Legend: B batch, T sequence length, h heads, d_k/d_v per-head widths, d_model model width, d_ff inner
 width of the feed-forward network.
 """
@@ -12,15 +14,14 @@ width of the feed-forward network.
 import keras
 from keras import ops
 
-from attnkit._validation import boolean, positive_float, positive_int
-from attnkit._validation import rate as dropout_rate
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._shapes import check_model_width, weights_spec
-from attnkit.layers._sublayer import call_layer_norm, call_sublayer
-from attnkit.layers.add_normalization import AddNormalization
-from attnkit.layers.feed_forward import FeedForward, check_activation
+from attnkit.layers._stack_config import LAYER_FIELDS, StackConfig
+from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers.feed_forward import FeedForward
 from attnkit.layers.multi_head_attention import MultiHeadAttention
+from attnkit.layers.residual import AttentionSublayer, residual_block
 from attnkit.ops.masks import as_bool_mask, broadcast_mask
 
 
@@ -52,7 +53,7 @@ def key_padding(x, padding_mask, name="padding_mask", queries=None):
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class EncoderLayer(CheckedCall, keras.layers.Layer):
+class EncoderLayer(StackConfig, CheckedCall, keras.layers.Layer):
     """Self-attention then a feed-forward network, each with dropout, a residual and a layer norm.
 
     Dropout is applied to each sub-layer's output before the residual addition (paper section
@@ -100,73 +101,50 @@ class EncoderLayer(CheckedCall, keras.layers.Layer):
     """
 
     _call_checks = dict(floats=("x",), masks=("padding_mask",), flags=("return_attention_weights",))
+    _positional_training = True  # the seeds call `layer(x, padding_mask, training)`
+    _config_fields = LAYER_FIELDS
 
     def __init__(
         self, h, d_k, d_v, d_model, d_ff, rate, *, norm_first=False, activation="relu", epsilon=1e-6, **kwargs
     ):
         super().__init__(**kwargs)
-        self.h = positive_int("h", h)
-        self.d_k = positive_int("d_k", d_k)
-        self.d_v = positive_int("d_v", d_v)
-        self.d_model = positive_int("d_model", d_model)
-        self.d_ff = positive_int("d_ff", d_ff)
-        self.rate = dropout_rate("rate", rate)
-        self.norm_first = bool(boolean("norm_first", norm_first))
-        self.activation = check_activation(activation)
-        self.epsilon = positive_float("epsilon", epsilon)
+        self.set_sizes(
+            h=h, d_k=d_k, d_v=d_v, d_model=d_model, d_ff=d_ff, rate=rate, norm_first=norm_first,
+            activation=activation, epsilon=epsilon,
+        )
         self.supports_masking = True
         policy = self.dtype_policy
-        self.multihead_attention = MultiHeadAttention(h, d_k, d_v, d_model, name="multihead_attention", dtype=policy)
-        self.multihead_attention._keys_keras_mask_with_mask = False  # `key_padding` decides
-        self.dropout1 = keras.layers.Dropout(self.rate, name="dropout1", dtype=policy)
+        # `key_padding` decides which keys are hidden; the attention adds no Keras mask of its own.
+        self.multihead_attention = MultiHeadAttention(
+            h, d_k, d_v, d_model, join_keras_mask=False, name="multihead_attention", dtype=policy
+        )
+        self.attention_block = residual_block(self, "attention")
         self.feed_forward = FeedForward(d_ff, d_model, activation=activation, name="feed_forward", dtype=policy)
-        self.dropout2 = keras.layers.Dropout(self.rate, name="dropout2", dtype=policy)
-        if self.norm_first:
-            norm = dict(epsilon=self.epsilon, dtype=policy)
-            self.norm1 = keras.layers.LayerNormalization(name="norm1", **norm)
-            self.norm2 = keras.layers.LayerNormalization(name="norm2", **norm)
-        else:
-            self.add_norm1 = AddNormalization(epsilon=self.epsilon, name="add_norm1", dtype=policy)
-            self.add_norm2 = AddNormalization(epsilon=self.epsilon, name="add_norm2", dtype=policy)
+        self.feed_forward_block = residual_block(self, "feed_forward")
+
+    @property
+    def norms(self):
+        """The two layer norms, of the attention and of the feed-forward sub-layer, in that order."""
+        return self.attention_block.norm, self.feed_forward_block.norm
 
     def build(self, x_shape, padding_mask_shape=None):
         x_shape = tuple(x_shape)
         check_model_width("x", x_shape, self.d_model)
         self.multihead_attention.build(x_shape)
+        self.attention_block.build(x_shape)
         self.feed_forward.build(x_shape)
-        for norm in (self.norm1, self.norm2) if self.norm_first else (self.add_norm1, self.add_norm2):
-            norm.build(x_shape)
-
-    def __call__(self, *args, **kwargs):
-        if len(args) == 3 and "training" not in kwargs:
-            # The seeds pass `training` positionally; Keras resolves it only as a keyword.
-            *args, kwargs["training"] = args
-        return super().__call__(*args, **kwargs)
+        self.feed_forward_block.build(x_shape)
 
     def call(self, x, padding_mask=None, training=None, *, return_attention_weights=False):
         check_model_width("x", x.shape, self.d_model)
         mask = key_padding(x, padding_mask)  # (B, 1, T) or None
-        # The sub-layers are called without Keras's per-call bookkeeping (see `call_sublayer`).
-        if self.norm_first:
-            attended, weights = self._attend(call_layer_norm(self.norm1, x), mask, training, return_attention_weights)
-            x = x + call_sublayer(self.dropout1, attended, training=training)  # (B, T, d_model)
-            ffn = call_sublayer(self.feed_forward, call_layer_norm(self.norm2, x))
-            x = x + call_sublayer(self.dropout2, ffn, training=training)  # (B, T, d_model)
-        else:
-            attended, weights = self._attend(x, mask, training, return_attention_weights)  # (B, T, d_model)
-            x = call_sublayer(self.add_norm1, x, call_sublayer(self.dropout1, attended, training=training))
-            ffn = call_sublayer(self.feed_forward, x)
-            x = call_sublayer(self.add_norm2, x, call_sublayer(self.dropout2, ffn, training=training))  # (B, T, d_model)
-        return (x, weights) if return_attention_weights else x
+        attention = AttentionSublayer(self.multihead_attention, mask, training, return_attention_weights)
+        x = call_sublayer(self.attention_block, x, sublayer=attention, training=training)  # (B, T, d_model)
+        x = call_sublayer(self.feed_forward_block, x, sublayer=self._feed_forward, training=training)  # (B, T, d_model)
+        return (x, attention.weights) if return_attention_weights else x
 
-    def _attend(self, x, mask, training, with_weights):
-        # Asking for the weights forces the explicit path; without them MHA may use the fused kernel.
-        # `mask` already holds x's Keras mask (see `key_padding`), so nothing is lost without __call__.
-        if with_weights:
-            return call_sublayer(
-                self.multihead_attention, x, mask=mask, training=training, return_attention_weights=True
-            )
-        return call_sublayer(self.multihead_attention, x, mask=mask, training=training), None
+    def _feed_forward(self, x):
+        return call_sublayer(self.feed_forward, x)  # (B, T, d_model)
 
     def compute_output_shape(self, x_shape, padding_mask_shape=None):
         return tuple(x_shape)
@@ -178,16 +156,3 @@ class EncoderLayer(CheckedCall, keras.layers.Layer):
             return output
         return output, weights_spec(self, x.shape[0], x.shape[1], x.shape[1])
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "h": self.h,
-            "d_k": self.d_k,
-            "d_v": self.d_v,
-            "d_model": self.d_model,
-            "d_ff": self.d_ff,
-            "rate": self.rate,
-            "norm_first": self.norm_first,
-            "activation": self.activation,
-            "epsilon": self.epsilon,
-        }

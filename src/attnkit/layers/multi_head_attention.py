@@ -39,6 +39,9 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         num_kv_heads: number of key/value heads h_kv, dividing h (keyword-only). Default h
             (multi-head attention); fewer is grouped-query attention, 1 multi-query attention
             (docs/decisions.md item 33). W_k and W_v then have h_kv * d_k and h_kv * d_v outputs.
+        join_keras_mask: whether the keys' Keras mask joins an explicit `mask` when Keras filled no
+            `keys_mask` (keyword-only; docs/decisions.md item 15). Default True, as in Keras; the
+            encoder and decoder layers pass False, their masks already say which keys to hide.
         **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
 
     Call arguments:
@@ -74,7 +77,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
 
     def __init__(
         self, h, d_k, d_v, d_model, *, dropout=0.0, use_bias=True, kernel_initializer="glorot_uniform",
-        bias_initializer="zeros", seed=None, num_kv_heads=None, **kwargs,
+        bias_initializer="zeros", seed=None, num_kv_heads=None, join_keras_mask=True, **kwargs,
     ):
         super().__init__(**kwargs)
         self.h = positive_int("h", h)
@@ -101,9 +104,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         self.W_k = Linear(self.num_kv_heads * self.d_k, name="W_k", **dense)
         self.W_v = Linear(self.num_kv_heads * self.d_v, name="W_v", **dense)
         self.W_o = Linear(self.d_model, name="W_o", **dense)
-        # Whether the keys' Keras mask joins an explicit `mask` when Keras did not fill `keys_mask`.
-        # The encoder and decoder layers turn it off: their masks already say which keys to hide.
-        self._keys_keras_mask_with_mask = True
+        self.join_keras_mask = bool(boolean("join_keras_mask", join_keras_mask))
 
     def build(self, queries_shape, keys_shape=None, values_shape=None):
         keys_shape = keys_shape or queries_shape
@@ -124,7 +125,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         values = keys if values is None else values
         self._check_inputs(queries, keys, values)
         key_padding = keys_mask if keys_mask is not None else values_mask
-        if key_padding is None and self._keys_keras_mask_with_mask:
+        if key_padding is None and self.join_keras_mask:
             # An explicit `mask` keeps Keras from filling the masks; the keys' padding still holds.
             key_padding = keras_mask_of(keys)
             key_padding = keras_mask_of(values) if key_padding is None else key_padding
@@ -133,7 +134,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
             key_padding = broadcast_mask(ops.expand_dims(key_padding, 1), scores_shape)  # (B, 1, 1, T_k)
             mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
 
-        if queries is keys and keys is values and _fused.fuses_projections() and _plain(self.W_q, self.W_k, self.W_v):
+        if projection_path((self.W_q, self.W_k, self.W_v), queries is keys and keys is values) == SIDE_BY_SIDE:
             q, k, v = self._project_together(queries, (self.W_q, self.W_k, self.W_v))
         else:
             q = None  # projected by attend_projected
@@ -174,7 +175,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         Returns:
             (k, v): (B, h_kv, T_k, d_k) and (B, h_kv, T_k, d_v), h_kv = `num_kv_heads`.
         """
-        if keys is values and _fused.fuses_projections() and _plain(self.W_k, self.W_v):
+        if projection_path((self.W_k, self.W_v), keys is values) == SIDE_BY_SIDE:
             return tuple(self._project_together(keys, (self.W_k, self.W_v)))  # the usual cross-attention
         return self._into_heads(self.W_k, keys), self._into_heads(self.W_v, values)
 
@@ -194,14 +195,14 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         """One projection split into heads: (B, T, d_in) -> (B, heads, T, d)."""
         heads = self._heads(projection)
         d = projection.units // heads
-        if _fused.projects_into_heads() and _plain(projection):
+        if projection_path((projection,)) == PER_HEAD:
             x = ops.cast(x, self.compute_dtype)
             return _fused.project_into_heads(x, *self._kernel_and_bias(projection), heads, d)
         return _fused.split_heads(call_sublayer(projection, x), heads, d)  # (B, T, heads * d) -> (B, heads, T, d)
 
     def _from_heads(self, heads):
         """Step 3 and 4: the heads side by side, projected by W_o: (B, h, T_q, d_v) -> (B, T_q, d_model)."""
-        if _fused.projects_into_heads() and _plain(self.W_o):
+        if projection_path((self.W_o,)) == PER_HEAD:
             return _fused.project_from_heads(heads, *self._kernel_and_bias(self.W_o))
         concat = _fused.merge_heads(heads)  # (B, h, T_q, d_v) -> (B, T_q, h * d_v)
         return call_sublayer(self.W_o, concat)
@@ -232,10 +233,11 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
             q = self._into_heads(self.W_q, queries)
         # 2. attend in every head at once
         options = dict(causal=causal, dropout=self.dropout, training=bool(training), seed=self.seed_generator)
-        if self.num_kv_heads != self.h:
+        path = attention_path(self.num_kv_heads != self.h, return_attention_weights)
+        if path == GROUPED:
             attended = grouped_query_attention(q, k, v, mask, return_attention_weights=return_attention_weights, **options)
             heads, weights = attended if return_attention_weights else (attended, None)
-        elif return_attention_weights:
+        elif path == EXPLICIT:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
         else:
             heads = fused_attention(q, k, v, mask, **options)  # (B, h, T_q, d_v)
@@ -295,7 +297,42 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "seed": self.seed,
             "num_kv_heads": self.num_kv_heads,
+            "join_keras_mask": self.join_keras_mask,
         }
+
+
+# How MultiHeadAttention computes, chosen in `projection_path` and `attention_path` alone
+# (docs/decisions.md item 48). "Plain" projections are neither quantized (Keras routes those to
+# `quantized_call`) nor LoRA (their own kernel update).
+#
+# step     path          when                                          why
+# project  SIDE_BY_SIDE  several plain projections of one input, torch one larger GEMM, one pass over x (item 13)
+# project  PER_HEAD      plain, jax                                    XLA picks layouts with fewer transposes (13)
+# project  DENSE         otherwise: tensorflow, quantized, LoRA        Dense's own call; tensorflow's einsum transposes
+# attend   GROUPED       num_kv_heads < h                              h_kv heads shared by query groups (item 33)
+# attend   EXPLICIT      the weights are asked for                     the fused kernels return no weights
+# attend   FUSED         otherwise                                     `ops.fused_attention` picks torch's SDPA, jax's
+#                                                                      accelerator kernel, tiles or explicit (12, 21)
+SIDE_BY_SIDE, PER_HEAD, DENSE = "side_by_side", "per_head", "dense"
+GROUPED, EXPLICIT, FUSED = "grouped", "explicit", "fused"
+
+
+def projection_path(projections, shared_input=False):
+    """How to compute `projections` (Dense layers): SIDE_BY_SIDE (several projections of one input as
+    one matmul, only when `shared_input`), PER_HEAD (einsums into and out of the heads) or DENSE."""
+    plain = _plain(*projections)
+    if shared_input and len(projections) > 1 and plain and _fused.fuses_projections():
+        return SIDE_BY_SIDE
+    if plain and _fused.projects_into_heads():
+        return PER_HEAD
+    return DENSE
+
+
+def attention_path(grouped, with_weights):
+    """How to attend: GROUPED (fewer key/value heads), EXPLICIT (weights asked for) or FUSED."""
+    if grouped:
+        return GROUPED
+    return EXPLICIT if with_weights else FUSED
 
 
 def _plain(*projections):

@@ -110,14 +110,58 @@ class PositionEmbeddingFixedWeights(CheckedCall, keras.layers.Layer):
 
     def call(self, inputs):
         ids = check_token_ids(inputs, self.vocab_size, self.sequence_length, "inputs")  # (B, T)
-        tokens = self.token_embedding(ids)  # (B, T, d_model)
-        if self.scale_embeddings:
-            # Section 3.4: the paper multiplies the embedding weights by sqrt(d_model).
-            tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
+        tokens = self._tokens(ids)  # (B, T, d_model)
         if self.position == "learned":
             positions = self.position_embedding(ops.arange(ops.shape(ids)[1]))  # (T, d_model)
             return tokens + positions[None]  # (B, T, d_model)
         return self.position_encoding(tokens)  # (B, T, d_model)
+
+    @property
+    def token_embeddings(self):
+        """The token embedding table, a (vocab_size, d_model) variable: what output tying shares.
+
+        Raises:
+            ValueError: the layer is not built yet (the table does not exist before).
+        """
+        if not self.token_embedding.built:
+            raise ValueError(f"The token embeddings of `{self.name}` exist once it is built; call or build it first")
+        return self.token_embedding.embeddings
+
+    def embed_at(self, ids, start=0, position_ids=None):
+        """The embeddings of token ids at given positions, for cached decoding and RoBERTa's positions.
+
+        A plain method: the ids are the caller's to check (`call` checks them).
+
+        Args:
+            ids: (B, T) integer token ids.
+            start: the position of the first of them; the others follow. Default 0.
+            position_ids: optional (B, T) positions of each id, instead of `start` (learned positions).
+
+        Returns:
+            (B, T, d_model).
+
+        Raises:
+            ValueError: `position_ids` with sinusoidal positions.
+        """
+        tokens = self._tokens(ids)  # (B, T, d_model)
+        if position_ids is not None:
+            if self.position != "learned":
+                raise ValueError("`position_ids` needs learned positions. Received: position='sinusoidal'")
+            return tokens + self.position_embedding(position_ids)  # (B, T, d_model)
+        length = ids.shape[1]
+        if self.position == "learned":
+            positions = self.position_embedding(ops.arange(start, start + length))  # (T, d_model)
+        else:
+            positions = ops.slice(self.position_encoding.table(), (start, 0), (length, self.d_model))
+        return tokens + ops.cast(positions, tokens.dtype)[None]  # (B, T, d_model)
+
+    def _tokens(self, ids):
+        """The token embeddings of ids (B, T), scaled by sqrt(d_model) when `scale_embeddings`."""
+        tokens = self.token_embedding(ids)  # (B, T, d_model)
+        if self.scale_embeddings:
+            # Section 3.4: the paper multiplies the embedding weights by sqrt(d_model).
+            tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
+        return tokens
 
     def compute_mask(self, inputs, previous_mask=None):
         if self.pad_id is None:
@@ -139,3 +183,51 @@ class PositionEmbeddingFixedWeights(CheckedCall, keras.layers.Layer):
             "scale_embeddings": self.scale_embeddings,
             "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
         }
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class LearnedPositionEmbedding(PositionEmbeddingFixedWeights):
+    """Token embeddings plus one learned vector per position, as BERT-family models embed their input.
+
+        x = Embedding(token) (* sqrt(d_model) when scale_embeddings) + Embedding(position)
+
+    `PositionEmbeddingFixedWeights(..., position="learned")` under its own name: the same weights
+    (`token_embedding`, `position_embedding`), call, mask and methods (docs/decisions.md item 47).
+
+    Args:
+        sequence_length: number of learned positions, the longest input accepted.
+        vocab_size: number of token ids.
+        d_model: width of the embeddings.
+        pad_id: id of the padding token, masked out in the Keras mask; None for no mask. Default 0.
+        scale_embeddings: multiply the token embeddings by sqrt(d_model). Default True (BERT: False).
+        embeddings_initializer: initializer of both tables. Default "uniform".
+        **kwargs: base `keras.layers.Layer` arguments (name, dtype, ...).
+
+    Call arguments, Returns, Raises: as `PositionEmbeddingFixedWeights`.
+
+    Example:
+    >>> layer = LearnedPositionEmbedding(512, 30522, 384, pad_id=None, scale_embeddings=False)
+    >>> layer(keras.ops.convert_to_tensor([[101, 7592, 102]])).shape  # (1, 3, 384)
+    """
+
+    def __init__(
+        self, sequence_length, vocab_size, d_model, *, pad_id=0, scale_embeddings=True,
+        embeddings_initializer="uniform", **kwargs,
+    ):
+        super().__init__(
+            sequence_length, vocab_size, d_model, position="learned", pad_id=pad_id,
+            scale_embeddings=scale_embeddings, embeddings_initializer=embeddings_initializer, **kwargs,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        del config["position"]
+        return config
+
+
+def position_embedding(position, sequence_length, vocab_size, d_model, **kwargs):
+    """The embedding layer of a `position` kind: `LearnedPositionEmbedding` for "learned", else the
+    seeds' `PositionEmbeddingFixedWeights` (which refuses an unknown kind)."""
+    if position == "learned":
+        return LearnedPositionEmbedding(sequence_length, vocab_size, d_model, **kwargs)
+    return PositionEmbeddingFixedWeights(sequence_length, vocab_size, d_model, position=position, **kwargs)

@@ -4,7 +4,8 @@
     norm-first ("pre-LN", GPT-2, Llama): y = x + Dropout(Sublayer(Norm(x)))
 
 One layer for both arrangements and any norm (LayerNorm, RMSNorm) and any sub-layer (attention,
-feed-forward): the decoder-only layer uses it, and the encoder and decoder layers can.
+feed-forward): the encoder, decoder, BERT and decoder-only layers all use it (docs/decisions.md
+item 45).
 
 Legend: B batch, T length, d_model width.
 """
@@ -12,7 +13,7 @@ Legend: B batch, T length, d_model width.
 import keras
 
 from attnkit._validation import boolean, rate
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.ops.masks import _shape_str
 
 
@@ -60,12 +61,13 @@ class Residual(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, x_shape):
-        self.norm.build(x_shape)
+        if not self.norm.built:  # a norm deserialized from a config comes built (its build_config)
+            self.norm.build(x_shape)
 
     def call(self, x, sublayer=None, training=None):
         if not callable(sublayer):
             raise TypeError(f"`sublayer` must be callable. Received: sublayer of type {type(sublayer).__name__}")
-        inner = call_sublayer(self.norm, x) if self.norm_first else x
+        inner = call_layer_norm(self.norm, x) if self.norm_first else x
         out = sublayer(inner)
         if tuple(out.shape) != tuple(x.shape):
             raise ValueError(
@@ -73,10 +75,10 @@ class Residual(keras.layers.Layer):
                 f"Received: x.shape={_shape_str(x.shape)}, sublayer output shape={_shape_str(out.shape)}"
             )
         if self.dropout_rate > 0 and training:
-            out = self.dropout(out, training=training)
+            out = call_sublayer(self.dropout, out, training=training)
         if self.norm_first:
             return x + out  # (B, T, d_model)
-        return call_sublayer(self.norm, x + out)  # (B, T, d_model)
+        return call_layer_norm(self.norm, x + out)  # (B, T, d_model)
 
     def compute_output_shape(self, x_shape):
         return tuple(x_shape)
@@ -95,3 +97,37 @@ class Residual(keras.layers.Layer):
         config = dict(config)
         config["norm"] = keras.saving.deserialize_keras_object(config["norm"])
         return cls(**config)
+
+
+def residual_block(layer, sublayer):
+    """The `Residual` block around `layer`'s sub-layer named `sublayer` ("attention", ...): a layer norm
+    of `layer.epsilon`, `layer.norm_first`, and dropout at `layer.rate` on the sub-layer's output."""
+    norm = keras.layers.LayerNormalization(epsilon=layer.epsilon, name=f"{sublayer}_norm", dtype=layer.dtype_policy)
+    return Residual(
+        norm, norm_first=layer.norm_first, dropout=layer.rate, name=f"{sublayer}_block", dtype=layer.dtype_policy
+    )
+
+
+class AttentionSublayer:
+    """A multi-head attention as the one-tensor sub-layer a `Residual` block calls: `(q) -> output`,
+    keeping the weights when asked for (`self.weights`, else None).
+
+    Args:
+        attention: the `MultiHeadAttention`.
+        mask: its keep-mask, or None. training: whether dropout is active.
+        with_weights: also compute the weights (this forces the explicit path).
+        keys: the keys and values of a cross-attention; default None, the queries themselves.
+        **options: further keywords of the attention's call (`causal`, `keys_mask`).
+    """
+
+    def __init__(self, attention, mask, training, with_weights, keys=None, **options):
+        self.attention, self.keys, self.with_weights = attention, keys, with_weights
+        self.options = dict(mask=mask, training=training, **options)
+        self.weights = None
+
+    def __call__(self, q):
+        keys = () if self.keys is None else (self.keys, self.keys)
+        if not self.with_weights:
+            return call_sublayer(self.attention, q, *keys, **self.options)  # (B, T, d_model)
+        out, self.weights = call_sublayer(self.attention, q, *keys, return_attention_weights=True, **self.options)
+        return out  # (B, T, d_model)

@@ -17,20 +17,20 @@ width, n number of layers.
 import keras
 from keras import ops
 
-from attnkit._validation import positive_float, positive_int
-from attnkit.layers.linear import Linear
-from attnkit._validation import rate as dropout_rate
+from attnkit._validation import positive_int
+from attnkit.layers._stack_config import StackConfig
+from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
-from attnkit.layers.feed_forward import check_activation
-from attnkit.layers.position_embedding import PositionEmbeddingFixedWeights
+from attnkit.layers.linear import Linear
+from attnkit.layers.position_embedding import LearnedPositionEmbedding
 
 
 POSITION_KINDS = ("absolute", "after_padding")
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class BertEncoder(keras.Model):
+class BertEncoder(StackConfig, keras.Model):
     """Maps token ids (and token types) to one d_model vector per token, as BERT does.
 
     Args:
@@ -82,22 +82,23 @@ class BertEncoder(keras.Model):
         Understanding", 2019; Vaswani et al., "Attention Is All You Need", 2017.
     """
 
+    _config_fields = (
+        "vocab_size", "sequence_length", "h", "d_k", "d_v", "d_model", "d_ff", "n", "rate", "type_vocab_size",
+        "epsilon", "activation", "pad_id", "positions", "embedding_size",
+    )
+
     def __init__(
         self, vocab_size, sequence_length, h, d_k, d_v, d_model, d_ff, n, rate=0.1, *, type_vocab_size=2,
         epsilon=1e-12, activation="gelu", pad_id=0, positions="absolute", embedding_size=None, **kwargs,
     ):
         super().__init__(**kwargs)
-        self.vocab_size = positive_int("vocab_size", vocab_size)
-        self.sequence_length = positive_int("sequence_length", sequence_length)
-        self.h, self.d_k, self.d_v = positive_int("h", h), positive_int("d_k", d_k), positive_int("d_v", d_v)
-        self.d_model = positive_int("d_model", d_model)
-        self.d_ff = positive_int("d_ff", d_ff)
-        self.n = positive_int("n", n)
-        self.rate = dropout_rate("rate", rate)
+        self.set_sizes(
+            vocab_size=vocab_size, sequence_length=sequence_length, h=h, d_k=d_k, d_v=d_v, d_model=d_model,
+            d_ff=d_ff, n=n, rate=rate,
+        )
         no_types = type_vocab_size == 0 and not isinstance(type_vocab_size, bool)
         self.type_vocab_size = 0 if no_types else positive_int("type_vocab_size", type_vocab_size)
-        self.epsilon = positive_float("epsilon", epsilon)
-        self.activation = check_activation(activation)
+        self.set_sizes(epsilon=epsilon, activation=activation)
         self.pad_id = pad_id
         if positions not in POSITION_KINDS:
             raise ValueError(f"`positions` must be one of {POSITION_KINDS}. Received: positions={positions!r}")
@@ -111,8 +112,8 @@ class BertEncoder(keras.Model):
         width = self.embedding_size or self.d_model
         policy = self.dtype_policy
         # BERT adds learned positions to unscaled token embeddings; the padding mask is passed explicitly.
-        self.token_position_embedding = PositionEmbeddingFixedWeights(
-            sequence_length, vocab_size, width, position="learned", pad_id=None, scale_embeddings=False,
+        self.token_position_embedding = LearnedPositionEmbedding(
+            sequence_length, vocab_size, width, pad_id=None, scale_embeddings=False,
             name="token_position_embedding", dtype=policy,
         )
         self.token_type_embedding = None
@@ -165,8 +166,7 @@ class BertEncoder(keras.Model):
             # tokens (by id, whatever the mask) stay at pad_id.
             real = ops.cast(ops.not_equal(ids, ops.cast(self.pad_id, ids.dtype)), "int32")  # (B, T)
             position_ids = ops.cumsum(real, axis=1) * real + self.pad_id  # (B, T)
-            layer = self.token_position_embedding
-            x = layer.token_embedding(ids) + layer.position_embedding(position_ids)  # (B, T, width)
+            x = self.token_position_embedding.embed_at(ids, position_ids=position_ids)  # (B, T, width)
         else:
             x = self.token_position_embedding(ids)  # (B, T, width)
         if self.token_type_embedding is not None:
@@ -182,31 +182,13 @@ class BertEncoder(keras.Model):
         weights = []
         for layer in self.encoder_layers:
             if return_attention_weights:
-                x, layer_weights = layer(x, padding_mask, training=training, return_attention_weights=True)
+                x, layer_weights = call_sublayer(
+                    layer, x, padding_mask, training=training, return_attention_weights=True
+                )
                 weights.append(layer_weights)  # (B, h, T, T)
             else:
-                x = layer(x, padding_mask, training=training)  # (B, T, d_model)
+                x = call_sublayer(layer, x, padding_mask, training=training)  # (B, T, d_model)
         return (x, weights) if return_attention_weights else x
 
     def compute_output_shape(self, token_ids_shape, padding_mask_shape=None):
         return tuple(token_ids_shape) + (self.d_model,)
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "vocab_size": self.vocab_size,
-            "sequence_length": self.sequence_length,
-            "h": self.h,
-            "d_k": self.d_k,
-            "d_v": self.d_v,
-            "d_model": self.d_model,
-            "d_ff": self.d_ff,
-            "n": self.n,
-            "rate": self.rate,
-            "type_vocab_size": self.type_vocab_size,
-            "epsilon": self.epsilon,
-            "activation": self.activation,
-            "pad_id": self.pad_id,
-            "positions": self.positions,
-            "embedding_size": self.embedding_size,
-        }

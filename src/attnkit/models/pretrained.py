@@ -76,7 +76,7 @@ def load_pretrained(path=None):
             f"`path` must be a model directory (str or os.PathLike) or None. Received: path of type {type(path).__name__}"
         )
     if path is not None and is_causal_checkpoint(path):
-        return load_causal_lm(path)  # GGUF files and llama / mistral / qwen2 directories (decisions item 35)
+        return load_causal_lm(path)  # GGUF files and llama / mistral / qwen2 directories (docs/decisions.md item 35)
     path = hf_checkpoint.check_directory(default_model_path() if path is None else path)
     # A decoder (causal language model) checkpoint dispatches here, before the encoder's pipeline.
     return _load_encoder(path)

@@ -102,7 +102,7 @@ class Transformer(CheckedCall, keras.Model):
     def logits(self, y):
         """Decoder outputs (..., d_model) -> float32 logits (..., V)."""
         if self.tie_weights:
-            embeddings = self.decoder.pos_encoding.token_embedding.embeddings  # (V, d_model)
+            embeddings = self.decoder.token_embeddings  # (V, d_model)
             logits = ops.matmul(y, ops.cast(ops.transpose(embeddings), y.dtype)) + ops.cast(self.output_bias, y.dtype)
         else:
             logits = self.model_last_layer(y)

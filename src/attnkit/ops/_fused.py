@@ -1,5 +1,9 @@
-"""The one backend-specific module: fused attention kernels and the fused affine map (DESIGN.md
-decisions 1 and 7).
+"""Backend-specific attention kernels and projection layouts, each with a `keras.ops` fallback
+(docs/decisions.md items 12, 13 and 21).
+
+This is the dispatch module of the attention hot path; it is not the only module that branches on
+the backend (token-id checks, `Linear`, the position embedding, inference and the distributed
+engines do too, each for its own reason; docs/architecture.md lists them).
 
 `attention` returns None when the backend has no kernel for the case, and the caller falls back to
 the explicit `keras.ops` path, which gives the same numbers.
@@ -62,7 +66,7 @@ def attention(queries, keys, values, keep, causal, scale):
         return _torch(queries, keys, values, keep, causal, scale)
     if backend == "jax" and memory_efficient():
         # On CPU jax's kernel is XLA's own matmul-softmax-matmul, which materializes the scores like
-        # the explicit path and ran slower than it (MHA fwd+bwd 282 vs 271 ms, encoder 475 vs 467 ms).
+        # the explicit path and measured slower than it (docs/performance.md, "Measurements behind the code").
         return _jax(queries, keys, values, keep, causal, scale)
     return None
 
@@ -70,16 +74,15 @@ def attention(queries, keys, values, keep, causal, scale):
 def fuses_projections():
     """Whether projections of one input run as one matmul against their kernels side by side
     ([W_q | W_k | W_v]): on torch, where it is as fast or faster. XLA (jax, tensorflow) runs the
-    three dots faster than the concatenated one plus the concatenation: MHA fwd+bwd 282 vs 302 ms on
-    jax and 248 vs 298 ms on tensorflow, 6-layer encoder inference 475 vs 574 ms on jax."""
+    three dots faster than the concatenated one plus the concatenation (docs/decisions.md item 13)."""
     return keras.backend.backend() == "torch"
 
 
 def projects_into_heads():
     """Whether projections go into and out of the heads with einsums against the kernels viewed as
     (d_in, h, d) and (h, d, d_model), instead of a matmul and a reshape-transpose of its result: on
-    jax, where XLA then picks layouts that need fewer transposes. MHA fwd+bwd (B=32, T=128,
-    d_model=512, h=8) 256 -> 223 ms on jax; on tensorflow, whose einsum transposes, 216 -> 334 ms."""
+    jax, where XLA then picks layouts that need fewer transposes; not on tensorflow, whose einsum
+    transposes (docs/decisions.md item 13)."""
     return keras.backend.backend() == "jax"
 
 
@@ -191,9 +194,9 @@ def _tensor(v):
 def split_heads(x, h, d):
     """(B, T, h * d) -> (B, h, T, d): the heads of a projection, as a view where the backend has views.
 
-    On torch tensors `view` and `transpose` directly: keras.ops.reshape alone flattens its arguments
-    to look for symbolic tensors, 34 us a call on torch against 1.4 us for torch.reshape, and
-    keras.ops.shape and transpose add as much again.
+    On torch tensors `view` and `transpose` directly: keras.ops.reshape flattens its arguments to
+    look for symbolic tensors, a cost many times that of torch.reshape, and keras.ops.shape and
+    transpose add as much again (docs/performance.md, "Measurements behind the code").
     """
     if _is_torch_tensor(x):
         B, T = x.shape[0], x.shape[1]
@@ -228,8 +231,8 @@ def split_last(x, sizes):
 
     On torch `torch.split`: views, and a backward that concatenates the parts' gradients. Slicing
     would be views too, but each slice's backward fills a zero tensor as wide as `x` and the parts
-    are added up: MHA fwd+bwd 226 vs 209 ms (B=32, T=128, d_model=512). keras.ops.split costs
-    ~300 us a call on torch. Under XLA (jax, tensorflow), slices, which it fuses.
+    are added up; keras.ops.split dispatches slowly on torch (docs/performance.md, "Measurements
+    behind the code"). Under XLA (jax, tensorflow), slices, which it fuses.
     """
     if _is_torch_tensor(x):
         import torch
@@ -247,7 +250,7 @@ def layer_norm(x, gamma, beta, epsilon):
     layer runs).
 
     It is the `torch.nn.functional.layer_norm` call keras.ops.layer_normalization itself makes on
-    torch, without its ~110 us of dispatch (12 calls in a 6-layer encoder). Half precision, which
+    torch, without its dispatch (12 calls in a 6-layer encoder). Half precision, which
     Keras normalizes in float32, is left to Keras.
 
     Args:

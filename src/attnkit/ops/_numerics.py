@@ -8,7 +8,7 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 
 def scores_dtype(dtype):
-    """The scores' dtype: float32 for half-precision inputs (decision 5 in docs/decisions.md)."""
+    """The scores' dtype: float32 for half-precision inputs (docs/decisions.md item 5)."""
     return "float32" if dtype in HALF_DTYPES else dtype
 
 

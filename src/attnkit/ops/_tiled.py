@@ -1,13 +1,13 @@
 """Tiled attention: the fused path for backends without a memory-efficient kernel (tensorflow, and jax
-on CPU, whose kernel is XLA's matmul-softmax-matmul), in `keras.ops` (DESIGN.md decision 7;
-docs/decisions.md item 12).
+on CPU, whose kernel is XLA's matmul-softmax-matmul), in `keras.ops` (docs/decisions.md
+item 12).
 
 The scores are computed one tile at a time (a few examples, every head, bq queries, bk keys), with
 the running ("online") softmax of FlashAttention (Dao et al. 2022): each query block keeps its output
 o, its softmax denominator l and its running maximum m, and rescales them when a later key block
 raises the maximum. Only a few tiles are alive at once, so memory grows as T_q + T_k, never as
-T_q * T_k, and each tile stays in the cache; at T = 16384 this ran 2x faster than blocks of whole
-score rows on jax and tensorflow.
+T_q * T_k, and each tile stays in the cache, which measured faster than blocks of whole score rows
+on jax and tensorflow (docs/performance.md, "Measurements behind the code").
 
 The gradient is written out (`keras.ops.custom_gradient`, `jax.custom_vjp`) instead of
 differentiating the loops, which would keep every tile's softmax: the forward pass saves only its
@@ -15,12 +15,12 @@ output and the log-sum-exp of each row, L = m + log(l), and the backward pass re
 weights P = exp(S - L) once, in one sweep over key blocks (FlashAttention-2's order): each key block
 sums its dK and dV over the query blocks, and adds each tile's share of dQ into a whole dQ, in place
 under XLA's while loops. Two sweeps (dQ over query blocks, then dK and dV over key blocks) recompute
-every tile twice, and ran 1.1-1.3x slower on jax and tensorflow:
+every tile twice, and measured slower on jax and tensorflow:
 
     D = rowsum(dO * O),  dS = P * (dO V^T - D),  dQ = scale * dS K,  dK = dS^T (scale * Q),  dV = P^T dO
 
 Rows with nothing to attend to (masked, or causal with T_q > T_k) keep l = 0: their output, weights and
-gradients are exactly zero (decision 5). Under a causal mask the tiles above the diagonal are skipped.
+gradients are exactly zero (docs/decisions.md item 14). Under a causal mask the tiles above the diagonal are skipped.
 
 Legend: B batch, `lead` the leading dims of the examples in one tile (examples, *heads), T_q/T_k
 lengths, d_k/d_v widths, n/m the numbers of query/key blocks, bq/bk their sizes.
@@ -34,11 +34,8 @@ from keras import ops
 
 from attnkit.ops._numerics import constant, scores_dtype
 
-# A tile of about 4 MiB of float32 scores: (1, 8, 512, 256) measured fastest at T = 16384, h = 8 on
-# jax (256 x 512 to 1024 x 256 queries x keys within 10%; 2048 x 256 and 512 x 128 were 20-60% slower).
-# Large batches run a few examples at a time: at B = 32, h = 8, T = 512, tiles of one example ran
-# forward 3.3x and forward+backward 1.4x faster than the explicit path, tiles of 16 x 256 queries x
-# keys across the whole batch 0.6x and 0.4x.
+# A tile of about 4 MiB of float32 scores, and large batches a few examples at a time: the sizes that
+# measured fastest (docs/performance.md, "Measurements behind the code").
 TILE_BYTES = 4 * 1024**2
 KEY_BLOCK = 256
 MAX_QUERY_BLOCK = 1024

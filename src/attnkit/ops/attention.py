@@ -18,9 +18,9 @@ The explicit path materializes the (..., T_q, T_k) scores: above a memory budget
 MemoryError before allocating them, instead of exhausting the machine's memory. The tiled path
 keeps each tile within the budget too.
 
-Rows with nothing to attend to give zero output and zero weights (DESIGN.md decision 5). The softmax
+Rows with nothing to attend to give zero output and zero weights (docs/decisions.md item 14). The softmax
 runs in float32 when the inputs are float16/bfloat16, and masked scores are filled with the smallest
-finite value of that dtype, never a literal that overflows (decision 6).
+finite value of that dtype, never a literal that overflows (docs/decisions.md items 5 and 17).
 """
 
 import math

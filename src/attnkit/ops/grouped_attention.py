@@ -93,7 +93,7 @@ def _torch_gqa(queries, keys, values, mask, causal, scale):
         keep, fused_causal = keep_mask(mask, causal, scores_shape, (q_len, k_len)), False
     if keep is not None and queries.device.type != "cpu":
         return None
-    # torch's CPU kernels give zero output on rows with nothing to attend to (decision 5).
+    # torch's CPU kernels give zero output on rows with nothing to attend to (docs/decisions.md item 14).
     return F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=keep, is_causal=fused_causal, scale=scale, enable_gqa=True
     )

@@ -1,4 +1,5 @@
-"""Attention masks: one convention, `True` (or a nonzero integer) = may attend (DESIGN.md decision 4).
+"""Attention masks: one convention, `True` (or a nonzero integer) = may attend (docs/decisions.md
+items 1, 2 and 18).
 
 This is the convention of Keras, JAX, torch SDPA's boolean `attn_mask` and Hugging Face's
 `attention_mask`. The seeds use the opposite (1 = hide) and torch's `key_padding_mask` too: convert
@@ -79,7 +80,7 @@ def padding_mask(token_ids, pad_id=0):
 
 
 def causal_mask(q_len, k_len=None):
-    """The look-ahead mask, aligned bottom-right (DESIGN.md decision 8).
+    """The look-ahead mask, aligned bottom-right (cached decoding: docs/decisions.md items 7 and 34).
 
     Query i of `q_len` may attend to keys 0 .. (k_len - q_len + i). With q_len == k_len this is the
     usual lower-triangular mask; with q_len < k_len the queries are the *last* q_len positions, as in

@@ -63,7 +63,7 @@ def weight_table(model):
             "intermediate.dense": feed_forward.fully_connected1,
             "output.dense": feed_forward.fully_connected2,
         }
-        norms = {"attention.output.LayerNorm": layer.add_norm1.layer_norm, "output.LayerNorm": layer.add_norm2.layer_norm}
+        norms = {"attention.output.LayerNorm": layer.norms[0], "output.LayerNorm": layer.norms[1]}
         table.update(layer_entries(f"encoder.layer.{i}.", dense_layers, norms))
     return table
 

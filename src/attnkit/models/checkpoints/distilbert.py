@@ -46,7 +46,7 @@ def weight_table(model):
             "ffn.lin1": feed_forward.fully_connected1,
             "ffn.lin2": feed_forward.fully_connected2,
         }
-        norms = {"sa_layer_norm": layer.add_norm1.layer_norm, "output_layer_norm": layer.add_norm2.layer_norm}
+        norms = {"sa_layer_norm": layer.norms[0], "output_layer_norm": layer.norms[1]}
         table.update(_bert_layout.layer_entries(f"transformer.layer.{i}.", dense_layers, norms))
     return table
 
