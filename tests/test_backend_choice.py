@@ -1,4 +1,4 @@
-"""The default Keras backend (DESIGN.md decision 2): `KERAS_BACKEND`, then a user's keras.json, then
+"""The default Keras backend (docs/decisions.md founding decision F2, item 2): `KERAS_BACKEND`, then a user's keras.json, then
 the first installed of torch, jax, tensorflow. The file Keras writes by itself does not count."""
 
 import importlib.util

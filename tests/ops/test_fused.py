@@ -1,6 +1,6 @@
 """The fused path equals the explicit path, forward and gradients, in float32 and half precision.
 
-Includes rows with nothing to attend to (DESIGN.md decision 5: output 0, weights 0, finite gradients)
+Includes rows with nothing to attend to (docs/decisions.md founding decision F5: output 0, weights 0, finite gradients)
 and half-precision inputs of large magnitude (decision 6: no NaN or Inf for finite inputs).
 Legend: B batch, h heads, T_q/T_k lengths, d_k/d_v widths. Masks: True = may attend.
 """
