@@ -7,6 +7,7 @@ tokenizer (the embedded MiniLM's) or a byte-level BPE one trained here for RoBER
 
 import json
 import os
+import zlib
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class Checkpoints:
             width = transformer.get_embedding_dimension()
             modules = [transformer, Pooling(width, pooling_mode=mode)]
             if dense is not None:
-                torch.manual_seed(len(self._made))  # nn.Linear's own initialisation, ~1/sqrt(d_in)
+                torch.manual_seed(zlib.crc32(repr(key).encode()))  # the same weights whatever the build order; nn.Linear's own ~1/sqrt(d_in)
                 modules.append(Dense(width * (len(mode) if isinstance(mode, tuple) else 1), 10,
                                      activation_function=getattr(torch.nn, dense)()))
             if normalize:

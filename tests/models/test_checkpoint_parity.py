@@ -69,7 +69,9 @@ def test_sentence_embeddings_match_sentence_transformers(checkpoints, case):
     assert encoder.pooling == case["mode"]
     embeddings = _quietly(encoder.encode, TEXTS, batch_size=4)
     assert embeddings.shape == reference.shape == (len(TEXTS), encoder.dimension)
-    assert max_difference(embeddings, reference) <= 2e-6 * max(1.0, float(np.abs(reference).max()))  # float32 rounding of 1e-6 seen with some random Dense weights
+    # Measured at most 8e-7 relative, except last-token pooling on jax (1.2e-6): one token's float32
+    # hidden state through a Dense, with no average to smooth the rounding.
+    assert max_difference(embeddings, reference) <= 2e-6 * max(1.0, float(np.abs(reference).max()))
     norms = np.linalg.norm(_quietly(encoder.encode, TEXTS, normalize=False), axis=1)
     if case["normalize"]:
         np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1, atol=1e-6)
