@@ -243,12 +243,12 @@ def test_wrong_process_options_are_one_line_before_anything_starts(arguments, me
 def test_workers_get_the_launchers_own_options():
     from attnkit.cli import build_parser
 
-    args = build_parser().parse_args(["train", "--processes", "2", "--epochs", "3", "--dropout", "0", "--force",
-                                      "--output-dir", "runs/x", "--timeout", "9"])
+    args = build_parser().parse_args(["train", "--processes", "2", "--epochs", "3", "--dropout", "0.2", "--force",
+                                      "--output-dir", "runs/x", "--timeout", "9"])  # 0.2: not the default
     argv = worker_arguments(args.parser, args)
-    assert argv == ["--epochs", "3", "--dropout", "0.0", "--output-dir", "runs/x", "--force", "--timeout", "9"]
+    assert argv == ["--epochs", "3", "--dropout", "0.2", "--output-dir", "runs/x", "--force", "--timeout", "9"]
     again = build_parser().parse_args(["train", *argv])
-    assert (again.epochs, again.dropout, again.force, again.timeout, again.processes) == (3, 0.0, True, 9, None)
+    assert (again.epochs, again.dropout, again.force, again.timeout, again.processes) == (3, 0.2, True, 9, None)
 
 
 def test_bench_expected_scaling_follows_from_the_step_times():
