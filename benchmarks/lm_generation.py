@@ -24,6 +24,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny random model and sizes (smoke test)")
     parser.add_argument("--backend", default="torch", choices=["torch", "jax", "tensorflow"])
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--batch", nargs="+", type=int, help="batch sizes (default 1 8)")
     args = parser.parse_args()
     os.environ["KERAS_BACKEND"] = args.backend
     import numpy as np
@@ -49,7 +51,8 @@ def main():
 
     peaks, _ = matmul_peaks(2 if args.quick else 3)  # per dtype, the fastest engine's matmul (peak.py)
     rows = []
-    for dtype in ("float32", "bfloat16"):
+    batches = tuple(args.batch or batches)
+    for dtype in args.dtype:
         lm = load_causal_lm(path, dtype=dtype)
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
         ref = transformers.AutoModelForCausalLM.from_pretrained(ref_path, dtype=getattr(torch, dtype), **kwargs).eval()
