@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import attnkit
+from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.position_embedding import LearnedPositionEmbedding
 from attnkit.layers.residual import Residual
 from attnkit.layers.rms_norm import RMSNorm
@@ -23,6 +24,11 @@ REAL = IDS != 0  # (B, T)
 HEADS = RNG.standard_normal((B, H, T, 4)).astype("float32")
 SIZES = dict(h=H, d_k=4, d_v=4, d_model=D, d_ff=16)
 FFN = SwiGLUFeedForward(12, D)
+# A decoder-only layer's rotary angles (B, 1, T, d_k) and causal keep-mask (B, 1, T, T), padding on the left.
+ANGLES = np.arange(T, dtype="float32")[None, None, :, None] * np.linspace(0.1, 1.0, 4, dtype="float32")
+COS, SIN = np.broadcast_to(np.cos(ANGLES), (B, 1, T, 4)).copy(), np.broadcast_to(np.sin(ANGLES), (B, 1, T, 4)).copy()
+LEFT_REAL = np.array([[True] * T, [False, True, True, True, True]])  # (B, T)
+CAUSAL_KEEP = np.tril(np.ones((T, T), bool))[None, None] & LEFT_REAL[:, None, None, :]  # (B, 1, T, T)
 FFN.build((None, None, D))
 
 # name -> (factory of keyword arguments, inputs, call keywords, harness options)
@@ -56,6 +62,11 @@ CASES = {
                                  dict(expected_output_mask=REAL, bf16_atol=0.05)),
     "SinusoidalPositionEncoding": (lambda **kw: attnkit.SinusoidalPositionEncoding(T, D, **kw), (X,), {},
                                    dict(input_mask=REAL, bf16_atol=0.05)),
+    "DecoderOnlyLayer": (lambda **kw: DecoderOnlyLayer(H, 4, D, 16, num_kv_heads=1, **kw), (X, COS, SIN, CAUSAL_KEEP),
+                         {}, dict(bf16_atol=0.1)),
+    "DecoderOnlyLayer-window-weights": (
+        lambda **kw: DecoderOnlyLayer(H, 4, D, 16, sliding_window=2, attention_bias=True, **kw),
+        (X, COS, SIN, CAUSAL_KEEP), {"return_attention_weights": True}, dict(bf16_atol=0.1)),
     "RMSNorm": (lambda **kw: RMSNorm(**kw), (X,), {}, dict(bf16_atol=0.05)),
     "SwiGLUFeedForward": (lambda **kw: SwiGLUFeedForward(12, D, **kw), (X,), {}, dict(bf16_atol=0.1)),
 }

@@ -12,6 +12,7 @@ Legend: B batch, T new tokens, S keys so far (cache), h / h_kv heads, d_k per-he
 import keras
 
 from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
+from attnkit.layers._shapes import weights_spec
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.multi_head_attention import MultiHeadAttention
 from attnkit.layers.residual import Residual
@@ -111,8 +112,15 @@ class DecoderOnlyLayer(keras.layers.Layer):
         x = call_sublayer(self.feed_forward_block, x, sublayer=lambda normed: call_sublayer(self.feed_forward, normed))
         return (x, weights[0]) if return_attention_weights else x
 
-    def compute_output_shape(self, x_shape, *args, **kwargs):
+    def compute_output_shape(self, x_shape, cos_shape=None, sin_shape=None, keep_shape=None):
         return tuple(x_shape)
+
+    def compute_output_spec(self, x, cos=None, sin=None, keep=None, *args, return_attention_weights=False, **kwargs):
+        # Symbolic calls (functional models) must see the weights too when they are asked for.
+        output = keras.KerasTensor(tuple(x.shape), dtype=self.compute_dtype)
+        if not return_attention_weights:
+            return output
+        return output, weights_spec(self, x.shape[0], x.shape[1], None if keep is None else keep.shape[-1])
 
     def get_config(self):
         return {
