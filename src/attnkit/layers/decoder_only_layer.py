@@ -43,7 +43,8 @@ class DecoderOnlyLayer(keras.layers.Layer):
     Call arguments:
         x: (B, T, d_model).
         cos, sin: (B, 1, T, d_k), the rotary angles of the T new positions.
-        keep: (B, 1, T, S) keep-mask, True = may attend.
+        keep: (B, 1, T, S) keep-mask, True = may attend; or None: every key.
+        causal: also apply the bottom-right causal mask (query i sees keys up to S - T + i). Default False.
         cache: optional `KVCache`; its keys and values for this layer are updated at `start`.
         layer_index: this layer's index in the cache.
         start: the first cache slot of the T new tokens.
@@ -87,7 +88,7 @@ class DecoderOnlyLayer(keras.layers.Layer):
         self.feed_forward.build(x_shape)
         self.feed_forward_block.build(x_shape)
 
-    def call(self, x, cos, sin, keep, cache=None, layer_index=0, start=0, return_attention_weights=False):
+    def call(self, x, cos, sin, keep, causal=False, cache=None, layer_index=0, start=0, return_attention_weights=False):
         weights = []
 
         def attend(normed):
@@ -101,7 +102,7 @@ class DecoderOnlyLayer(keras.layers.Layer):
             if cache is not None:
                 k, v = cache.update(layer_index, k, v, start)  # (B, h_kv, S, d_k): every key so far
             out = self.attention.attend_projected(
-                normed, k, v, keep, return_attention_weights=return_attention_weights, projected_queries=q
+                normed, k, v, keep, causal=causal, return_attention_weights=return_attention_weights, projected_queries=q
             )
             if return_attention_weights:
                 out, w = out

@@ -146,13 +146,14 @@ class CausalLM(keras.Model):
             valid = cache.valid[:, : cache.length]
         cos, sin = rotary_cos_sin(positions, self.d_k, self.rope_theta)  # (B, 1, T, d_k) each, float32
         query_slots = np.arange(start, start + T)
-        masks = {w: keep_mask(valid, query_slots, w) for w in set(self.sliding_windows)}  # (B, 1, T, S) each
+        masks = {w: keep_mask(valid, query_slots, w) for w in set(self.sliding_windows)}  # (keep, causal) each
         x = self.embedding(token_ids)  # (B, T, d_model)
         weights = []
         for i, layer in enumerate(self.decoder_layers):
             want = i in wanted
+            keep, causal = masks[self.sliding_windows[i]]
             x = call_sublayer(
-                layer, x, cos, sin, masks[self.sliding_windows[i]], cache=cache, layer_index=i, start=start,
+                layer, x, cos, sin, keep, causal=causal, cache=cache, layer_index=i, start=start,
                 return_attention_weights=want,
             )
             if want:

@@ -73,18 +73,27 @@ class KVCache:
 
 
 def keep_mask(valid_keys, query_slots, window=None):
-    """(B, 1, T, S) keep-mask: key slot j visible to query slot i when j is valid, j <= i and, with a
-    window, j > i - window.
+    """The keys each query may see: key slot j is visible to query slot i when j is valid, j <= i and,
+    with a window, j > i - window.
 
     Args:
         valid_keys: (B, S) bool, NumPy.
-        query_slots: (T,) the queries' slots.
+        query_slots: (T,) the queries' slots, the last T of the S (cached decoding appends).
         window: None or a positive int.
+
+    Returns:
+        (keep, causal) for `DecoderOnlyLayer`: keep a (B, 1, T, S) keep-mask, or None with causal
+        True (T > 1) or False (T = 1) when every key is valid and no window cuts. Then the mask is the
+        plain bottom-right causal one, and the fused kernels' mask-free paths run (with a mask, torch's
+        CPU kernel reads it per score; docs/performance.md).
     """
-    slots = np.arange(valid_keys.shape[1])[None, :]  # (1, S)
+    S = valid_keys.shape[1]
+    if valid_keys.all() and (window is None or window >= S):
+        return None, len(query_slots) > 1
+    slots = np.arange(S)[None, :]  # (1, S)
     query_slots = np.asarray(query_slots)[:, None]  # (T, 1)
     keep = slots <= query_slots  # (T, S)
     if window is not None:
         keep &= slots > query_slots - window
     keep = valid_keys[:, None, None, :] & keep[None, None]  # (B, 1, T, S)
-    return keras.ops.convert_to_tensor(keep)
+    return keras.ops.convert_to_tensor(keep), False
