@@ -20,7 +20,6 @@ from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.models.kv_cache import KVCache, keep_mask
-from attnkit.ops.linear import linear
 from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
 
 
@@ -143,7 +142,7 @@ class CausalLM(keras.Model):
         else:
             start = cache.length
             positions = cache.advance(valid_new)
-            valid = cache.valid[:, : cache.length]
+            valid = cache.valid[:, : cache.attended]  # (B, S)
         cos, sin = rotary_cos_sin(positions, self.d_k, self.rope_theta)  # (B, 1, T, d_k) each, float32
         query_slots = np.arange(start, start + T)
         masks = {w: keep_mask(valid, query_slots, w) for w in set(self.sliding_windows)}  # (keep, causal) each
@@ -163,12 +162,15 @@ class CausalLM(keras.Model):
             x = x[:, -1:]  # (B, 1, d_model)
         x = call_sublayer(self.final_norm, x)
         if self.lm_head is None:
-            logits = linear(x, ops.transpose(ops.cast(self.embedding.embeddings, x.dtype)))  # (B, T, V)
+            # x E^T as one contraction: a transposed (d_model, V) copy of E per call costs as much as the product on jax.
+            logits = ops.einsum("btd,vd->btv", x, ops.cast(self.embedding.embeddings, x.dtype))  # (B, T, V)
         else:
             logits = call_sublayer(self.lm_head, x)
         logits = ops.cast(logits, "float32")
         if attention_layer is None:
             return logits
+        if cache is not None and cache.attended != cache.length:
+            weights = [w[..., : cache.length] for w in weights]  # (B, h, T, S): the filled slots only
         return logits, (weights if attention_layer == "all" else weights[0])
 
     def get_config(self):

@@ -2,6 +2,9 @@
 
 Every layer's rotated keys and values live in one (B, h_kv, S_max, d_k) buffer allocated once;
 a step writes its T new entries at slots [start, start + T) and attends to slots [0, start + T).
+On jax it attends to all S_max slots, the unfilled ones hidden by the keep-mask: jax compiles each
+operation for the shapes it sees, so a key length that grew every step compiled every operation of
+the step anew (about 3x the step's time, docs/performance.md).
 `valid` (B, S_max) marks which slots hold real tokens (left padding does not), and `seen` (B,) counts
 each row's real tokens, from which the next positions follow (docs/decisions.md item 34).
 
@@ -49,17 +52,24 @@ class KVCache:
                 "Create it with a larger `max_length`."
             )
 
+    @property
+    def attended(self):
+        """S, the slots a step attends to (and its keep-mask covers): those filled so far, or on jax all S_max."""
+        return self.max_length if keras.backend.backend() == "jax" else self.length
+
     def update(self, layer, k, v, start):
-        """Writes k, v (B, h_kv, T, d_k) at slots [start, start + T); returns slots [0, start + T) of both."""
-        end = start + k.shape[2]
+        """Writes k, v (B, h_kv, T, d_k) at slots [start, start + T); returns slots [0, S) of both, S = `attended`."""
         if _fused._is_torch_tensor(k):
             # In place: the buffer is written, not copied, every step.
-            self.keys[layer][:, :, start:end] = k
-            self.values[layer][:, :, start:end] = v
+            self.keys[layer][:, :, start : start + k.shape[2]] = k
+            self.values[layer][:, :, start : start + k.shape[2]] = v
         else:
             self.keys[layer] = ops.slice_update(self.keys[layer], (0, 0, start, 0), ops.cast(k, self.keys[layer].dtype))
             self.values[layer] = ops.slice_update(self.values[layer], (0, 0, start, 0), ops.cast(v, self.values[layer].dtype))
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]  # (B, h_kv, S, d_k)
+        S = self.attended
+        if S == self.max_length:
+            return self.keys[layer], self.values[layer]  # (B, h_kv, S_max, d_k)
+        return self.keys[layer][:, :, :S], self.values[layer][:, :, :S]  # (B, h_kv, S, d_k)
 
     def advance(self, valid_new):
         """Records T new slots; valid_new (B, T) bool. Returns their positions (B, T) (NumPy ints)."""
