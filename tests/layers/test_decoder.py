@@ -65,11 +65,9 @@ def test_decode_steps_concatenated_equal_the_full_call(rng, norm_first):
     ids, memory, keep = target_ids(rng), encoder_output(rng), source_keep()
     full, _, full_cross = decoder(ids, memory, None, keep, return_attention_weights=True)
     cross_keys_values = decoder.project_encoder_output(memory)
-    caches, outputs, cross = None, [], []
+    cache, outputs, cross = decoder.new_cache(ids.shape[0]), [], []
     for t in range(T):
-        out, caches, weights = decoder.decode_step(
-            ids[:, t:t + 1], t, caches, cross_keys_values, keep, return_attention_weights=True
-        )
+        out, weights = decoder.decode_step(ids[:, t:t + 1], cache, cross_keys_values, keep, return_attention_weights=True)
         outputs.append(to_numpy(out))
         cross.append([to_numpy(w) for w in weights])
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), to_numpy(full), atol=1e-5)
@@ -77,7 +75,7 @@ def test_decode_steps_concatenated_equal_the_full_call(rng, norm_first):
         got = np.concatenate([step[layer] for step in cross], axis=2)
         np.testing.assert_allclose(got, to_numpy(want), atol=1e-5)
     with pytest.raises(ValueError, match=r"Decoding past the decoder's sequence_length=7. Received: start=7"):
-        decoder.decode_step(ids[:, :1], T, caches, cross_keys_values, keep)
+        decoder.decode_step(ids[:, :1], cache, cross_keys_values, keep)
 
 
 def test_dropout_changes_outputs_only_in_training(rng):

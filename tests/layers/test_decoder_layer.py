@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from attnkit.layers.decoder_layer import DecoderLayer
+from attnkit.layers.kv_cache import KVCache, keep_mask
 from backend_utils import BACKEND, to_numpy
 
 B, T, S, H, D, D_FF = 3, 7, 6, 2, 8, 16
@@ -132,14 +133,17 @@ def test_decode_steps_concatenated_equal_the_full_call(rng, norm_first, chunks):
     keep = source_keep()[:, None, :]  # (B, 1, S): a (B, S) mask is ambiguous for the 3-query chunk, B == 3
     full, _, full_cross = layer(x, encoder_output, None, keep, return_attention_weights=True)
     cross_keys_values = layer.project_encoder_output(encoder_output)
-    cache, outputs, cross = None, [], []
+    cache, outputs, cross = KVCache(1, B, H, T, D // H), [], []
     start = 0
     for size in chunks:
-        out, cache, weights = layer.decode_step(
-            x[:, start:start + size], cache, cross_keys_values, keep, return_attention_weights=True
+        cache.advance(np.ones((B, size), bool))
+        mask, causal = keep_mask(cache.valid[:, :cache.attended], np.arange(start, start + size))
+        out, weights = layer.decode_step(
+            x[:, start:start + size], cross_keys_values, keep, cache=cache, layer_index=0, start=start, keep=mask,
+            causal=causal, return_attention_weights=True,
         )
         start += size
-        assert tuple(cache[0].shape) == (B, H, start, D // H) and tuple(cache[1].shape) == (B, H, start, D // H)
+        assert cache.length == start
         outputs.append(to_numpy(out))
         cross.append(to_numpy(weights))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), to_numpy(full), atol=1e-5)

@@ -7,7 +7,10 @@ Legend: B batch, T target length, S source length, h heads, d_model, n number of
 """
 
 import keras
+import numpy as np
 from keras import ops
+
+from attnkit._validation import positive_int
 
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._shapes import check_model_width, weights_spec
@@ -15,6 +18,7 @@ from attnkit.layers._stack_config import STACK_FIELDS, StackConfig
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_layer import DecoderLayer
+from attnkit.layers.kv_cache import KVCache, keep_mask
 from attnkit.layers.position_embedding import position_embedding
 
 
@@ -127,35 +131,43 @@ class Decoder(StackConfig, CheckedCall, keras.layers.Layer):
             self.build((encoder_output.shape[0], 1), tuple(encoder_output.shape))
         return [layer.project_encoder_output(encoder_output) for layer in self.decoder_layers]
 
-    def decode_step(self, target_ids, start, caches, cross_keys_values, padding_mask=None, *,
-                    return_attention_weights=False):
+    def new_cache(self, batch, max_length=None):
+        """An empty `KVCache` of every layer's self-attention, for `batch` sequences of up to
+        `max_length` positions (default `sequence_length`)."""
+        max_length = self.sequence_length if max_length is None else positive_int("max_length", max_length)
+        return KVCache(self.n, positive_int("batch", batch), self.h, max_length, self.d_k, self.compute_dtype, d_v=self.d_v)
+
+    def decode_step(self, target_ids, cache, cross_keys_values, padding_mask=None, *, return_attention_weights=False):
         """Cached decoding: the decoder output at the newest target positions only.
 
         Args:
-            target_ids: (B, T_new) ids of the newest target positions, at positions start .. start + T_new - 1.
-            start: the position of the first of them (the number of positions already cached).
-            caches: None at the first step, else the list of n (k, v) self-attention caches.
+            target_ids: (B, T_new) ids of the newest target positions; they follow the `cache.length`
+                positions already cached.
+            cache: a `KVCache` from `new_cache`, updated in place.
             cross_keys_values: from `project_encoder_output`.
             padding_mask: optional keep-mask of the cross-attention, (B, 1, S) for the real source tokens.
             return_attention_weights: also return the n cross-attention weights (B, h, T_new, S).
 
         Returns:
-            (output (B, T_new, d_model), new caches), plus the list of cross weights when asked.
+            output (B, T_new, d_model), plus the list of cross weights when asked.
         """
+        start = cache.length
         y = self._embed(target_ids, start)  # (B, T_new, d_model)
-        caches = caches or [None] * self.n
-        new_caches, cross_weights = [], []
-        for layer, cache, cross_kv in zip(self.decoder_layers, caches, cross_keys_values):
+        B, T = y.shape[0], y.shape[1]
+        cache.advance(np.ones((B, T), bool))
+        keep, causal = keep_mask(cache.valid[:, : cache.attended], np.arange(start, start + T))  # over S_c slots
+        cross_weights = []
+        for i, (layer, cross_kv) in enumerate(zip(self.decoder_layers, cross_keys_values)):
             result = layer.decode_step(
-                y, cache, cross_kv, padding_mask, return_attention_weights=return_attention_weights
+                y, cross_kv, padding_mask, cache=cache, layer_index=i, start=start, keep=keep, causal=causal,
+                return_attention_weights=return_attention_weights,
             )
-            y, cache = result[0], result[1]
-            new_caches.append(cache)
+            y = result[0] if return_attention_weights else result
             if return_attention_weights:
-                cross_weights.append(result[2])
+                cross_weights.append(result[1])
         if self.final_norm is not None:
             y = call_layer_norm(self.final_norm, y)  # once per generated token: no Keras dispatch
-        return (y, new_caches, cross_weights) if return_attention_weights else (y, new_caches)
+        return (y, cross_weights) if return_attention_weights else y
 
     def _embed(self, ids, start):
         """Token embeddings of `ids` (B, T_new) at positions start .. start + T_new - 1."""

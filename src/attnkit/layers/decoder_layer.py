@@ -130,36 +130,38 @@ class DecoderLayer(StackConfig, CheckedCall, keras.layers.Layer):
     def _feed_forward(self, x):
         return call_sublayer(self.feed_forward, x)  # (B, T, d_model)
 
-    def decode_step(self, x, cache, cross_keys_values, padding_mask=None, *, return_attention_weights=False):
+    def decode_step(
+        self, x, cross_keys_values, padding_mask=None, *, cache, layer_index, start, keep=None, causal=False,
+        return_attention_weights=False,
+    ):
         """One step of cached (incremental) decoding; inference only.
 
         Args:
             x: (B, T_new, d_model), the embeddings of the newest target positions (usually T_new = 1).
-            cache: None at the first step, else (k, v) of the earlier positions' self-attention,
-                (B, h, T_past, d_k) and (B, h, T_past, d_v).
             cross_keys_values: (k, v) of the encoder output from `project_encoder_output`.
             padding_mask: optional keep-mask of the cross-attention, as in `call`: (B, 1, S) for
                 the real source tokens.
+            cache: the decoder's `KVCache`; this layer's self-attention keys and values of the new
+                positions are written at slots [start, start + T_new).
+            layer_index: this layer's index in the cache.
+            start: the cache slot of the first new position.
+            keep, causal: the self-attention's mask over the cache's attended slots, as
+                `kv_cache.keep_mask` gives them: a (B, 1, T_new, S_c) keep-mask or None, and whether
+                the bottom-right causal mask applies.
             return_attention_weights: also return the cross-attention weights (B, h, T_new, S).
 
         Returns:
-            (output (B, T_new, d_model), new cache (k, v) including the new positions), plus the
-            cross-attention weights when asked.
+            output (B, T_new, d_model), plus the cross-attention weights when asked.
         """
         x = ops.convert_to_tensor(x)  # a plain method, not `__call__`: Keras does not convert NumPy here
         if padding_mask is not None:  # the one rule of every mask argument (docs/decisions.md item 18)
             scores_shape = (x.shape[0], None, x.shape[1], cross_keys_values[0].shape[2])  # (B, h, T_new, S)
             padding_mask = broadcast_mask(padding_mask, scores_shape, "padding_mask")
-        new_cache = []
 
         def self_attend(q):
             k, v = self.self_attention.project_keys_values(q, q)  # (B, h, T_new, d)
-            if cache is not None:
-                k = ops.concatenate([cache[0], k], axis=2)  # (B, h, T_past + T_new, d_k)
-                v = ops.concatenate([cache[1], v], axis=2)
-            new_cache.extend([k, v])
-            # Causal masks align bottom-right: the new queries are the last positions of the keys.
-            return self.self_attention.attend_projected(q, k, v, causal=True)
+            k, v = cache.update(layer_index, k, v, start)  # (B, h, S_c, d): every position so far
+            return self.self_attention.attend_projected(q, k, v, keep, causal=causal)
 
         cross_weights = []
 
@@ -175,8 +177,7 @@ class DecoderLayer(StackConfig, CheckedCall, keras.layers.Layer):
         x = call_sublayer(self.self_attention_block, x, sublayer=self_attend, training=False)
         x = call_sublayer(self.cross_attention_block, x, sublayer=cross_attend, training=False)
         x = call_sublayer(self.feed_forward_block, x, sublayer=self._feed_forward, training=False)
-        out = (x, tuple(new_cache))
-        return out + (cross_weights[0],) if return_attention_weights else out
+        return (x, cross_weights[0]) if return_attention_weights else x
 
     def project_encoder_output(self, encoder_output):
         """The cross-attention's keys and values, computed once per source sentence for decoding."""

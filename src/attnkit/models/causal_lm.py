@@ -19,7 +19,7 @@ from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
 from attnkit.layers.rms_norm import RMSNorm
-from attnkit.models.kv_cache import KVCache, keep_mask
+from attnkit.layers.kv_cache import KVCache, keep_mask
 from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
 
 

@@ -1,8 +1,8 @@
 """Autoregressive decoding for `Transformer`: greedy and beam search, with or without a key/value cache.
 
 With the cache, each step runs the decoder on the newest token only: the self-attention keys and
-values of earlier positions are kept per layer (B, h, t, d_k), and the cross-attention keys and
-values of the encoder output are computed once. Without it, each step reruns the decoder on the whole
+values of earlier positions are kept per layer in a `KVCache` (B, h, sequence_length, d_k), and the
+cross-attention keys and values of the encoder output are computed once. Without it, each step reruns the decoder on the whole
 prefix. Both give the same results (tested); the cache makes a step O(t) instead of O(t^2).
 
 Legend: B batch, K beam size, S source length, t decoded positions so far, V vocabulary size.
@@ -97,20 +97,17 @@ class _Stepper:
             encoder_output = ops.repeat(encoder_output, repeat, axis=0)
             source_mask = None if source_mask is None else ops.repeat(source_mask, repeat, axis=0)
         self.encoder_output, self.source_mask = encoder_output, source_mask
-        self.caches = None
         self.cross = model.decoder.project_encoder_output(encoder_output) if use_cache else None
+        self.cache = model.decoder.new_cache(encoder_output.shape[0]) if use_cache else None
 
     def __call__(self, prefix):
         """`prefix` (N, t) ids -> (N, V) logits of the next token, and the newest cross weights."""
         decoder, weights = self.model.decoder, None
-        t = prefix.shape[1]
         if self.use_cache:
             result = decoder.decode_step(
-                prefix[:, -1:], t - 1, self.caches, self.cross, self.source_mask,
-                return_attention_weights=self.with_weights,
+                prefix[:, -1:], self.cache, self.cross, self.source_mask, return_attention_weights=self.with_weights
             )
-            y, self.caches = result[0], result[1]
-            weights = result[2] if self.with_weights else None  # n x (N, h, 1, S)
+            y, weights = result if self.with_weights else (result, None)  # weights: n x (N, h, 1, S)
         else:
             # Every prefix token is real, even a generated padding id: hide none, as the cache does not.
             every_token = np.ones((prefix.shape[0], 1, prefix.shape[1]), dtype=bool)  # (N, 1, t): never ambiguous
@@ -126,9 +123,8 @@ class _Stepper:
 
     def reorder(self, rows):
         """Keeps the cache rows `rows` (N,), in that order (beam search)."""
-        if self.caches is not None:
-            rows = ops.convert_to_tensor(rows, "int32")
-            self.caches = [tuple(ops.take(c, rows, axis=0) for c in cache) for cache in self.caches]
+        if self.cache is not None:
+            self.cache.reorder(rows)
 
 
 def greedy_decode(model, encoder_input, *, max_length=None, start_id=1, end_id=2, use_cache=True,

@@ -1,4 +1,5 @@
-"""`KVCache`: preallocated keys and values of a decoder-only model, for cached decoding.
+"""`KVCache`: preallocated self-attention keys and values of a decoder's layers, for cached decoding
+(the decoder-only `CausalLM` and the encoder-decoder `Decoder`).
 
 Every layer's rotated keys and values live in one (B, h_kv, S_max, d_k) buffer allocated once;
 a step writes its T new entries at slots [start, start + T) and attends to slots [0, start + T).
@@ -26,8 +27,9 @@ class KVCache:
         batch: B.
         num_kv_heads: h_kv.
         max_length: S_max, the most tokens (prompt and generated) the cache holds.
-        d_k: per-head width.
+        d_k: per-head width of the keys.
         dtype: the model's compute dtype.
+        d_v: per-head width of the values. Default d_k.
 
     Attributes:
         length: slots filled so far.
@@ -35,10 +37,9 @@ class KVCache:
         seen: (B,) NumPy int, real tokens per row so far.
     """
 
-    def __init__(self, n, batch, num_kv_heads, max_length, d_k, dtype="float32"):
-        shape = (batch, num_kv_heads, max_length, d_k)  # (B, h_kv, S_max, d_k)
-        self.keys = [ops.zeros(shape, dtype) for _ in range(n)]
-        self.values = [ops.zeros(shape, dtype) for _ in range(n)]
+    def __init__(self, n, batch, num_kv_heads, max_length, d_k, dtype="float32", d_v=None):
+        self.keys = [ops.zeros((batch, num_kv_heads, max_length, d_k), dtype) for _ in range(n)]  # (B, h_kv, S_max, d_k)
+        self.values = [ops.zeros((batch, num_kv_heads, max_length, d_v or d_k), dtype) for _ in range(n)]
         self.max_length = max_length
         self.length = 0
         self.valid = np.zeros((batch, max_length), dtype=bool)
@@ -70,6 +71,14 @@ class KVCache:
         if S == self.max_length:
             return self.keys[layer], self.values[layer]  # (B, h_kv, S_max, d_k)
         return self.keys[layer][:, :, :S], self.values[layer][:, :, :S]  # (B, h_kv, S, d_k)
+
+    def reorder(self, rows):
+        """Keeps the batch rows `rows` (N,) ints, in that order (beam search): B becomes N."""
+        rows = np.asarray(rows)
+        index = ops.convert_to_tensor(rows, "int32")
+        self.keys = [ops.take(k, index, axis=0) for k in self.keys]
+        self.values = [ops.take(v, index, axis=0) for v in self.values]
+        self.valid, self.seen = self.valid[rows], self.seen[rows]
 
     def advance(self, valid_new):
         """Records T new slots; valid_new (B, T) bool. Returns their positions (B, T) (NumPy ints)."""
