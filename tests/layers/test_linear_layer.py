@@ -85,6 +85,30 @@ def test_mixed_bfloat16(rng):
     mixed_bfloat16_close(make, (x,), atol=0.1)
 
 
+def test_bfloat16_variables_follow_every_assignment(rng):
+    # A bfloat16 layer's kernel may be kept in another layout between calls (torch's CPU GEMM): after
+    # each assignment the outputs must be exactly those of a fresh layer holding the new weights.
+    x = rng.standard_normal((B, T, D_IN)).astype("float32")
+
+    def fresh(weights):
+        layer = Linear(D_OUT, dtype="bfloat16")
+        layer.build((None, None, D_IN))
+        layer.set_weights(weights)
+        return to_numpy(layer(x)).astype("float32")
+
+    layer = Linear(D_OUT, dtype="bfloat16")
+    layer.build((None, None, D_IN))
+    layer.trainable = False  # as a loaded language model is: no autograd graph to keep
+    for _ in range(3):
+        weights = [rng.standard_normal(w.shape).astype("float32") for w in layer.get_weights()]
+        layer.set_weights(weights)
+        for _ in range(2):  # the second call reads the kept layout, if any
+            np.testing.assert_array_equal(to_numpy(layer(x)).astype("float32"), fresh(weights))
+    layer.kernel.assign(layer.kernel * 2)
+    doubled = [np.asarray(to_numpy(w), "float32") for w in layer.get_weights()]
+    np.testing.assert_array_equal(to_numpy(layer(x)).astype("float32"), fresh(doubled))
+
+
 def test_a_model_of_attnkit_layers_quantizes_to_int8(rng):
     """`Model.quantize` reaches every projection; MultiHeadAttention then leaves its fused QKV matmul
     for the quantized layers' own calls."""

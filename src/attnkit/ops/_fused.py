@@ -11,6 +11,8 @@ the explicit `keras.ops` path, which gives the same numbers.
 Legend: B batch, h heads, T_q/T_k lengths, d_k/d_v widths.
 """
 
+import weakref
+
 import keras
 from keras import ops
 
@@ -191,6 +193,29 @@ def _tensor(v):
     return v.value if isinstance(v, keras.Variable) else v
 
 
+# id(variable) -> (weak reference to it, (id, version) of the value copied, the (d_out, d_in) copy).
+_ROW_MAJOR = {}
+
+
+def _row_major(variable, kernel):
+    """`kernel.t().contiguous()`, the (d_out, d_in) layout of a (d_in, d_out) torch kernel; kept between
+    calls when `kernel` is the Keras `variable`'s own value and no autograd graph is being recorded.
+    An assignment (in place, bumping the tensor's version) or a new value makes a new copy."""
+    import torch
+
+    own = isinstance(variable, keras.Variable) and variable._value is kernel
+    if not own or (kernel.requires_grad and torch.is_grad_enabled()):
+        return kernel.t().contiguous()  # (d_out, d_in)
+    stamp = (id(kernel), kernel._version)
+    entry = _ROW_MAJOR.get(id(variable))
+    if entry is not None and entry[0]() is variable and entry[1] == stamp:
+        return entry[2]
+    copy = kernel.t().contiguous()  # (d_out, d_in)
+    key = id(variable)
+    _ROW_MAJOR[key] = (weakref.ref(variable, lambda _, key=key: _ROW_MAJOR.pop(key, None)), stamp, copy)
+    return copy
+
+
 def split_heads(x, h, d):
     """(B, T, h * d) -> (B, h, T, d): the heads of a projection, as a view where the backend has views.
 
@@ -283,6 +308,7 @@ def linear(x, kernel, bias, activation):
     import torch
     import torch.nn.functional as F
 
+    variable = kernel
     x, kernel, bias = _tensor(x), _tensor(kernel), _tensor(bias)
     operands = (x, kernel) if bias is None else (x, kernel, bias)
     if not all(isinstance(v, torch.Tensor) and v.dtype == x.dtype for v in operands) or not x.is_floating_point():
@@ -290,9 +316,10 @@ def linear(x, kernel, bias, activation):
     weight = kernel.t()  # (d_out, d_in), torch.nn.Linear's layout, as a view
     if weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type == "cpu":
         # torch's CPU half-precision GEMM runs ~30x slower on a row-major (d_in, d_out) operand than
-        # on a (d_out, d_in) one (0.5 vs 15 GFLOP/s on a 2048x512x2048 bfloat16 product here); the
-        # copy is the same size as the cast Keras's autocast already made. cuBLAS takes either.
-        weight = weight.contiguous()
+        # on a (d_out, d_in) one (0.5 vs 15 GFLOP/s on a 2048x512x2048 bfloat16 product here). A
+        # kernel cast by autocast is a fresh tensor each call, and its copy costs what the cast did;
+        # a half-precision variable's own value is copied once and kept (`_row_major`).
+        weight = _row_major(variable, kernel)
     # One addmm: the bias is added inside the GEMM instead of in a second pass over the output.
     y = F.linear(x, weight, bias)
     if activation == "relu":
