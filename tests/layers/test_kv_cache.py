@@ -63,6 +63,8 @@ def test_update_writes_its_slots_and_returns_what_a_step_attends_to():
     np.testing.assert_array_equal(to_numpy(cache.keys[0]), 0)  # the other layer's buffer is untouched
     with pytest.raises(ValueError, match="holds 5 tokens; 5 are used and 1 more"):
         cache.advance(np.ones((2, 1), bool))
+    with pytest.raises(ValueError, match=r"batch of 2 sequences.*Received: shape \(3, 1\)"):
+        cache.advance(np.ones((3, 1), bool))
 
 
 def test_reorder_keeps_the_rows_asked_for_in_that_order():

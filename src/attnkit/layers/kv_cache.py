@@ -83,6 +83,11 @@ class KVCache:
     def advance(self, valid_new):
         """Records T new slots; valid_new (B, T) bool. Returns their positions (B, T) (NumPy ints)."""
         valid_new = np.asarray(valid_new, dtype=bool)
+        if valid_new.ndim != 2 or valid_new.shape[0] != self.valid.shape[0]:
+            raise ValueError(
+                f"The KV cache holds a batch of {self.valid.shape[0]} sequences; the new tokens must be "
+                f"(batch, length) of that batch. Received: shape {valid_new.shape}"
+            )
         self.check_room(valid_new.shape[1])
         positions = np.maximum(self.seen[:, None] + np.cumsum(valid_new, axis=1) - 1, 0)
         self.valid[:, self.length : self.length + valid_new.shape[1]] = valid_new
