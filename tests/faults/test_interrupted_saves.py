@@ -150,8 +150,14 @@ CHILD = textwrap.dedent(
             translator.save(target, overwrite=True)
             armed = False
             saves += 1
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, TypeError) as error:
+            # On tensorflow, NumPy 2 converts a variable by calling its `__array__` without `copy` after the
+            # call with it failed; a KeyboardInterrupt raised in that fallback is replaced by the first
+            # TypeError (seen about once in 250 interrupts of `np.array(tf.Variable)`). It is the same
+            # interrupt, and the pair must be intact after it too.
             armed = False
+            if isinstance(error, TypeError) and "unexpected keyword argument 'copy'" not in str(error):
+                raise
             interrupts += 1
             names = sorted(n for n in os.listdir(target) if not n.startswith(".attnkit-"))
             meta = json.load(open(os.path.join(target, "translator.json")))
