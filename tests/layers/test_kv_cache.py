@@ -56,7 +56,7 @@ def test_update_writes_its_slots_and_returns_what_a_step_attends_to():
         k, v = rng.standard_normal((2, 1, T, 3)).astype("float32"), rng.standard_normal((2, 1, T, 2)).astype("float32")
         written_k[:, :, start:start + T], written_v[:, :, start:start + T] = k, v
         got_k, got_v = cache.update(1, k, v, start)
-        S = 5 if BACKEND == "jax" else start + T  # jax attends to every slot (fixed shapes), others to the filled
+        S = start + T if BACKEND == "torch" else 5  # jax and tensorflow attend to every slot (fixed shapes)
         assert cache.attended == S
         np.testing.assert_array_equal(to_numpy(got_k), written_k[:, :, :S])
         np.testing.assert_array_equal(to_numpy(got_v), written_v[:, :, :S])

@@ -3,7 +3,7 @@ test time; cached decoding against uncached; generation options."""
 
 import numpy as np
 import pytest
-from backend_utils import to_numpy
+from backend_utils import BACKEND, to_numpy
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -67,6 +67,35 @@ def test_cached_equals_uncached_token_by_token(pair):
     cached = lm.generate_ids(prompts, max_new_tokens=8, stop_tokens=[], temperature=0.9, seed=3)
     uncached = lm.generate_ids(prompts, max_new_tokens=8, stop_tokens=[], temperature=0.9, seed=3, use_cache=False)
     assert cached == uncached
+
+
+def test_cached_calls_read_the_variables_now_and_trace_each_shape_once(pair, monkeypatch):
+    """On jax and tensorflow a cached call is one compiled program: it must see weights assigned after it
+    was compiled, and serve every decoding step from one trace (on torch every call runs the layers)."""
+    _, lm = pair
+    model = lm.model
+    ids = np.array([[3, 4, 5, 6, 7]], "int32")
+    traced = []
+    forward = model._forward
+    monkeypatch.setattr(model, "_forward", lambda *args, **kwargs: traced.append(1) or forward(*args, **kwargs))
+
+    def cached_logits(capacity):
+        cache = model.new_cache(1, capacity)
+        steps = [model(ids[:, :2], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(2, 5)]
+        return np.concatenate([to_numpy(s) for s in steps], axis=1)  # (1, 5, V)
+
+    before = to_numpy(model(ids))
+    np.testing.assert_allclose(cached_logits(37), before, atol=1e-5)
+    assert len(traced) == (4 if BACKEND == "torch" else 2) + 1  # prefill and one step shape, and the uncached call
+    scale = model.final_norm.weights[0]
+    old = to_numpy(scale)
+    scale.assign(old * 1.5 + 0.25)
+    try:
+        after = to_numpy(model(ids))
+        assert np.abs(after - before).max() > 1e-2
+        np.testing.assert_allclose(cached_logits(37), after, atol=1e-5)
+    finally:
+        scale.assign(old)
 
 
 def test_sampling_is_reproducible_and_streams(pair):

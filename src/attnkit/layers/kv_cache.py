@@ -3,9 +3,10 @@
 
 Every layer's rotated keys and values live in one (B, h_kv, S_max, d_k) buffer allocated once;
 a step writes its T new entries at slots [start, start + T) and attends to slots [0, start + T).
-On jax it attends to all S_max slots, the unfilled ones hidden by the keep-mask: jax compiles each
-operation for the shapes it sees, so a key length that grew every step compiled every operation of
-the step anew (about 3x the step's time, docs/performance.md).
+On jax and tensorflow it attends to all S_max slots, the unfilled ones hidden by the keep-mask: a
+step is then one compiled program of fixed shapes (`CausalLM`); and jax compiles even each eager
+operation for the shapes it sees, so a key length that grew every step compiled them all anew (about
+3x the step's time, docs/performance.md).
 `valid` (B, S_max) marks which slots hold real tokens (left padding does not), and `seen` (B,) counts
 each row's real tokens, from which the next positions follow (docs/decisions.md item 34).
 
@@ -45,6 +46,14 @@ class KVCache:
         self.valid = np.zeros((batch, max_length), dtype=bool)
         self.seen = np.zeros((batch,), dtype="int64")
 
+    @classmethod
+    def of_buffers(cls, keys, values):
+        """A cache holding the n given (B, h_kv, S_max, d) buffers and no bookkeeping: what a compiled
+        step (`CausalLM`) writes into and returns, the host keeping `length`, `valid` and `seen`."""
+        view = cls.__new__(cls)
+        view.keys, view.values, view.max_length = list(keys), list(values), keys[0].shape[2]
+        return view
+
     def check_room(self, new):
         """Raises a ValueError when `new` more tokens would not fit."""
         if self.length + new > self.max_length:
@@ -55,8 +64,9 @@ class KVCache:
 
     @property
     def attended(self):
-        """S, the slots a step attends to (and its keep-mask covers): those filled so far, or on jax all S_max."""
-        return self.max_length if keras.backend.backend() == "jax" else self.length
+        """S, the slots a step attends to (and its keep-mask covers): those filled so far on torch, all
+        S_max on jax and tensorflow (fixed shapes, so a step compiles once)."""
+        return self.max_length if keras.backend.backend() in ("jax", "tensorflow") else self.length
 
     def update(self, layer, k, v, start):
         """Writes k, v (B, h_kv, T, d_k) at slots [start, start + T); returns slots [0, S) of both, S = `attended`."""

@@ -96,6 +96,7 @@ class CausalLM(keras.Model):
         ]
         self.final_norm = RMSNorm(epsilon=self.epsilon, name="final_norm", dtype=policy)
         self.lm_head = None if self.tie_embeddings else Linear(self.vocab_size, use_bias=False, name="lm_head", dtype=policy)
+        self._compiled = None  # the compiled cached call on jax and tensorflow, made at its first use
 
     def build(self, token_ids_shape=None, *args, **kwargs):
         shape = (None, None, self.d_model)
@@ -146,13 +147,27 @@ class CausalLM(keras.Model):
         cos, sin = rotary_cos_sin(positions, self.d_k, self.rope_theta)  # (B, 1, T, d_k) each, float32
         query_slots = np.arange(start, start + T)
         masks = {w: keep_mask(valid, query_slots, w) for w in set(self.sliding_windows)}  # (keep, causal) each
+        keeps = tuple(masks[w][0] for w in self.sliding_windows)  # per layer: (B, 1, T, S) or None
+        causals = tuple(masks[w][1] for w in self.sliding_windows)
+        if cache is not None and not wanted and keras.backend.backend() in ("jax", "tensorflow"):
+            return self._compiled_call(token_ids, cos, sin, keeps, causals, cache, start, last_only)
+        logits, weights = self._forward(token_ids, cos, sin, keeps, causals, cache, start, last_only, wanted)
+        if attention_layer is None:
+            return logits
+        if cache is not None and cache.attended != cache.length:
+            weights = [w[..., : cache.length] for w in weights]  # (B, h, T, S): the filled slots only
+        return logits, (weights if attention_layer == "all" else weights[0])
+
+    def _forward(self, token_ids, cos, sin, keeps, causals, cache, start, last_only, wanted=()):
+        """The layers, after `call` did the bookkeeping on the host: logits (B, T or 1, V) float32 and the
+        weights of the layers in `wanted`. Every input is a tensor or fixed by the call's shapes, so jax
+        can compile it (`_compiled_call`)."""
         x = self.embedding(token_ids)  # (B, T, d_model)
         weights = []
         for i, layer in enumerate(self.decoder_layers):
             want = i in wanted
-            keep, causal = masks[self.sliding_windows[i]]
             x = call_sublayer(
-                layer, x, cos, sin, keep, causal=causal, cache=cache, layer_index=i, start=start,
+                layer, x, cos, sin, keeps[i], causal=causals[i], cache=cache, layer_index=i, start=start,
                 return_attention_weights=want,
             )
             if want:
@@ -166,12 +181,45 @@ class CausalLM(keras.Model):
             logits = ops.einsum("btd,vd->btv", x, ops.cast(self.embedding.embeddings, x.dtype))  # (B, T, V)
         else:
             logits = call_sublayer(self.lm_head, x)
-        logits = ops.cast(logits, "float32")
-        if attention_layer is None:
-            return logits
-        if cache is not None and cache.attended != cache.length:
-            weights = [w[..., : cache.length] for w in weights]  # (B, h, T, S): the filled slots only
-        return logits, (weights if attention_layer == "all" else weights[0])
+        return ops.cast(logits, "float32"), weights
+
+    def _compiled_call(self, token_ids, cos, sin, keeps, causals, cache, start, last_only):
+        """jax and tensorflow: a cached call as one compiled program (`jax.jit`, `tf.function`), the cache's
+        buffers its arguments and results.
+
+        Eagerly, each of a step's ~1000 operations is dispatched on its own, several times the step's
+        arithmetic at batch 1 (docs/performance.md). One program is traced per shape of the new tokens
+        and of the cache (the prefill, then every step alike: the cache attends to all its slots on
+        these backends); `start` is an argument, not a constant. jax takes the variables as arguments
+        too; a tf.function reads the variables it captures.
+        """
+        if self._compiled is None:
+            if keras.backend.backend() == "jax":
+                import jax
+
+                def forward(values, token_ids, cos, sin, keeps, keys, vals, start, causals, last_only):
+                    with keras.StatelessScope(state_mapping=list(zip(self.variables, values))):
+                        view = KVCache.of_buffers(keys, vals)
+                        logits, _ = self._forward(token_ids, cos, sin, keeps, causals, view, start, last_only)
+                    return logits, tuple(view.keys), tuple(view.values)
+
+                self._compiled = jax.jit(forward, static_argnames=("causals", "last_only"))
+            else:
+                import tensorflow as tf
+
+                def forward(token_ids, cos, sin, keeps, keys, vals, start, causals, last_only):
+                    view = KVCache.of_buffers(keys, vals)
+                    logits, _ = self._forward(token_ids, cos, sin, keeps, causals, view, start, last_only)
+                    return logits, tuple(view.keys), tuple(view.values)
+
+                self._compiled = tf.function(forward)
+        values_now = ([v.value for v in self.variables],) if keras.backend.backend() == "jax" else ()
+        logits, keys, values = self._compiled(
+            *values_now, token_ids, cos, sin, keeps, tuple(cache.keys), tuple(cache.values), ops.convert_to_tensor(start, "int32"),
+            causals=causals, last_only=bool(last_only),
+        )
+        cache.keys, cache.values = list(keys), list(values)
+        return logits
 
     def get_config(self):
         return {
