@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_float
+from attnkit.ops import _fused
 from attnkit.ops._numerics import constant, scores_dtype
 
 
@@ -49,6 +50,9 @@ class RMSNorm(keras.layers.Layer):
             raise ValueError(
                 f"`x` must have last dimension {self.gamma.shape[0]}, the built width. Received: x.shape={tuple(x.shape)}"
             )
+        fused = _fused.rms_norm(x, self.gamma, self.epsilon)
+        if fused is not None:
+            return fused
         dtype = keras.backend.standardize_dtype(x.dtype)
         work = scores_dtype(dtype)  # float32 for float16 / bfloat16
         x32 = ops.cast(x, work)
