@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
+from attnkit.models.causal_lm import CausalLM  # noqa: E402
 from attnkit.models.generation import choose, generate  # noqa: E402
 
 SMALL = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2)
@@ -96,6 +97,39 @@ def test_cached_calls_read_the_variables_now_and_trace_each_shape_once(pair, mon
         np.testing.assert_allclose(cached_logits(37), after, atol=1e-5)
     finally:
         scale.assign(old)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantizing_after_a_cached_call_reaches_the_cached_call_too(tied):
+    """int8 quantization after a compiled cached call: the cached call must run the quantized layers
+    (not a program traced before), and tied logits must use the dequantized embedding matrix."""
+    lm = CausalLM(vocab_size=64, n=2, d_model=32, h=4, d_ff=48, num_kv_heads=2, tie_embeddings=tied)
+    ids = np.array([[3, 4, 5, 6, 7], [9, 8, 7, 6, 5]], "int32")
+
+    def cached():
+        cache = lm.new_cache(2, 8)
+        steps = [lm(ids[:, :3], cache=cache), lm(ids[:, 3:4], cache=cache), lm(ids[:, 4:], cache=cache)]
+        return np.concatenate([to_numpy(s) for s in steps], axis=1)  # (2, 5, V)
+
+    before = to_numpy(lm(ids))
+    np.testing.assert_allclose(cached(), before, atol=1e-5)
+    lm.quantize("int8")
+    after = to_numpy(lm(ids))
+    moved = np.abs(after - before).max()
+    assert 0 < moved < 0.2 * np.abs(before).max(), (moved, np.abs(before).max())  # int8 rounding, not garbage
+    np.testing.assert_allclose(cached(), after, atol=1e-5)
+
+
+def test_out_of_range_ids_are_refused_before_the_cache_moves(pair):
+    _, lm = pair
+    cache = lm.model.new_cache(1, 8)
+    lm.model(np.array([[1, 2]], "int32"), cache=cache)
+    for bad in ([[96]], [[-1]]):
+        with pytest.raises(ValueError, match=r"token_ids.*\[0, vocab_size=96\)"):
+            lm.model(np.array(bad, "int32"), cache=cache)
+    assert cache.length == 2 and cache.seen.tolist() == [2]
+    with pytest.raises(ValueError, match=r"token_ids.*vocab_size=96"):
+        lm.model(np.array([[1, 200]], "int32"))
 
 
 def test_sampling_is_reproducible_and_streams(pair):

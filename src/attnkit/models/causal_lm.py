@@ -10,12 +10,15 @@ Legend: B batch, T tokens in this call, S keys (cached and new), V vocabulary, d
 n layers, h / h_kv heads, d_k per-head width.
 """
 
+import types
+
 import keras
 import numpy as np
 from keras import ops
 
 from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
 from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
 from attnkit.layers.rms_norm import RMSNorm
@@ -96,7 +99,7 @@ class CausalLM(keras.Model):
         ]
         self.final_norm = RMSNorm(epsilon=self.epsilon, name="final_norm", dtype=policy)
         self.lm_head = None if self.tie_embeddings else Linear(self.vocab_size, use_bias=False, name="lm_head", dtype=policy)
-        self._compiled = None  # the compiled cached call on jax and tensorflow, made at its first use
+        self._compiled = None  # the compiled cached call on jax and tensorflow and its variables' key, made at first use
 
     def build(self, token_ids_shape=None, *args, **kwargs):
         shape = (None, None, self.d_model)
@@ -116,9 +119,9 @@ class CausalLM(keras.Model):
         )
 
     def call(self, token_ids, attention_mask=None, cache=None, last_only=False, attention_layer=None):
-        token_ids = ops.convert_to_tensor(token_ids)
-        if len(token_ids.shape) != 2:
-            raise ValueError(f"`token_ids` must have rank 2, (batch, length). Received: token_ids.shape={tuple(token_ids.shape)}")
+        # Out-of-range ids are refused here, before the cache's bookkeeping moves: jax's lookup would
+        # clamp them without a word.
+        token_ids = check_token_ids(token_ids, self.vocab_size, float("inf"), "token_ids")  # (B, T)
         if attention_layer == "all":
             wanted = range(self.n)
         elif attention_layer is None or (
@@ -178,10 +181,18 @@ class CausalLM(keras.Model):
         x = call_sublayer(self.final_norm, x)
         if self.lm_head is None:
             # x E^T as one contraction: a transposed (d_model, V) copy of E per call costs as much as the product on jax.
-            logits = ops.einsum("btd,vd->btv", x, ops.cast(self.embedding.embeddings, x.dtype))  # (B, T, V)
+            logits = ops.einsum("btd,vd->btv", x, self._tied_vocabulary(x.dtype))  # (B, T, V)
         else:
             logits = call_sublayer(self.lm_head, x)
         return ops.cast(logits, "float32"), weights
+
+    def _tied_vocabulary(self, dtype):
+        """E (V, d_model) in `dtype`, as the embedding's lookups read it. A quantized embedding (Keras's
+        `quantize`) stores integers and scales: its rows are dequantized by looking every id up,
+        which the layer does exactly for each of its modes, instead of reading the integers as E."""
+        if self.embedding.quantization_mode is None:
+            return ops.cast(self.embedding.embeddings, dtype)  # LoRA included, by the property
+        return ops.cast(self.embedding(ops.arange(self.vocab_size, dtype="int32")), dtype)
 
     def _compiled_call(self, token_ids, cos, sin, keeps, causals, cache, start, last_only):
         """jax and tensorflow: a cached call as one compiled program (`jax.jit`, `tf.function`), the cache's
@@ -193,7 +204,10 @@ class CausalLM(keras.Model):
         these backends); `start` is an argument, not a constant. jax takes the variables as arguments
         too; a tf.function reads the variables it captures.
         """
-        if self._compiled is None:
+        # A program traced for other variables (before `quantize`, `enable_lora`, ...) would run the old
+        # layers on the old weights without a word: it is remade when the variables change.
+        key = tuple((id(v), v.dtype, tuple(v.shape)) for v in self.variables)
+        if self._compiled is None or self._compiled.key != key:
             if keras.backend.backend() == "jax":
                 import jax
 
@@ -203,7 +217,7 @@ class CausalLM(keras.Model):
                         logits, _ = self._forward(token_ids, cos, sin, keeps, causals, view, start, last_only)
                     return logits, tuple(view.keys), tuple(view.values)
 
-                self._compiled = jax.jit(forward, static_argnames=("causals", "last_only"))
+                compiled = jax.jit(forward, static_argnames=("causals", "last_only"))
             else:
                 import tensorflow as tf
 
@@ -212,9 +226,10 @@ class CausalLM(keras.Model):
                     logits, _ = self._forward(token_ids, cos, sin, keeps, causals, view, start, last_only)
                     return logits, tuple(view.keys), tuple(view.values)
 
-                self._compiled = tf.function(forward)
+                compiled = tf.function(forward)
+            self._compiled = types.SimpleNamespace(key=key, run=compiled)  # a plain object: Keras does not track it
         values_now = ([v.value for v in self.variables],) if keras.backend.backend() == "jax" else ()
-        logits, keys, values = self._compiled(
+        logits, keys, values = self._compiled.run(
             *values_now, token_ids, cos, sin, keeps, tuple(cache.keys), tuple(cache.values), ops.convert_to_tensor(start, "int32"),
             causals=causals, last_only=bool(last_only),
         )
