@@ -112,8 +112,8 @@ def generate_tokens(
     ids, mask = left_pad(prompts, pad_id)
     done = np.zeros((len(prompts),), dtype=bool)
     if use_cache:
-        # Room rounded up to 64 slots: on jax a step's shapes are the cache's, so prompts of similar
-        # lengths share one compiled step.
+        # Room rounded up to 64 slots: on jax and tensorflow a step's shapes are the cache's, so prompts
+        # of similar lengths share one compiled step (docs/decisions.md item 56).
         cache = model.new_cache(len(prompts), -(-(ids.shape[1] + max_new_tokens) // 64) * 64)
         logits = model(ids, attention_mask=mask, cache=cache, last_only=True)
     else:
