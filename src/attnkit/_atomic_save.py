@@ -23,6 +23,8 @@ import signal
 import tempfile
 import threading
 
+from attnkit._interrupts import raise_if_pressed
+
 STAGING_PREFIX, BACKUP_PREFIX, PROBE_PREFIX = ".attnkit-new-", ".attnkit-old-", ".attnkit-probe-"
 
 
@@ -102,6 +104,7 @@ def replace_files(directory, writers):
             write(path)
             _fsync(path)
         _fsync(staging, directory=True)
+        raise_if_pressed()  # a Ctrl-C whose KeyboardInterrupt was lost: the old files stay
         with _signals_held():
             _commit(directory, staging, list(writers))
     finally:

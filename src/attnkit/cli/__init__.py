@@ -19,6 +19,7 @@ import os
 import re
 import sys
 
+from attnkit._interrupts import pressed, watching_ctrl_c
 from attnkit.cli import explore, generation, pretrained, translation
 from attnkit.cli.errors import CommandError, Parser
 
@@ -41,28 +42,41 @@ def main(argv=None):
     Every exception ends as one line on stderr: 2 for a usage error, 1 for anything else, 130 for
     Ctrl-C, 141 (as a process killed by SIGPIPE) when the reader of stdout went away (`| head`).
     """
-    try:
-        args = build_parser().parse_args(argv)
-        return args.run(args)
-    except KeyboardInterrupt:
-        print("attnkit: interrupted", file=sys.stderr)
-        return 130
-    except Exception as raised:  # noqa: BLE001 - the one-line rule holds for every failure
-        e = _original(raised)
-        if isinstance(e, BrokenPipeError):
-            _silence_stdout()
-            return 141
-        if isinstance(e, CommandError):
-            print(f"attnkit: error: {one_line(e)}", file=sys.stderr)
-            return 2
-        if isinstance(e, ImportError):
-            message = f"{one_line(e)}; install the extras: pip install 'attnkit[pretrained,viz]'"
-        elif isinstance(e, (ValueError, TypeError, OSError)):
-            message = one_line(e)
-        else:  # MemoryError, KeyError, ...: the type says what the message may not
-            message = f"{type(e).__name__}: {one_line(e)}"
-        print(f"attnkit: error: {message}", file=sys.stderr)
-        return 1
+    with watching_ctrl_c():
+        try:
+            args = build_parser().parse_args(argv)
+            status = args.run(args)
+        except KeyboardInterrupt:
+            return _interrupted()
+        except Exception as raised:  # noqa: BLE001 - the one-line rule holds for every failure
+            if pressed():  # the interrupt, replaced by an error raised while it unwound
+                return _interrupted()
+            return _report(raised)
+        return _interrupted() if pressed() else status  # a Ctrl-C whose KeyboardInterrupt was lost
+
+
+def _interrupted():
+    print("attnkit: interrupted", file=sys.stderr)
+    return 130
+
+
+def _report(raised):
+    """Prints `raised` as one line on stderr; returns the exit status."""
+    e = _original(raised)
+    if isinstance(e, BrokenPipeError):
+        _silence_stdout()
+        return 141
+    if isinstance(e, CommandError):
+        print(f"attnkit: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    if isinstance(e, ImportError):
+        message = f"{one_line(e)}; install the extras: pip install 'attnkit[pretrained,viz]'"
+    elif isinstance(e, (ValueError, TypeError, OSError)):
+        message = one_line(e)
+    else:  # MemoryError, KeyError, ...: the type says what the message may not
+        message = f"{type(e).__name__}: {one_line(e)}"
+    print(f"attnkit: error: {message}", file=sys.stderr)
+    return 1
 
 
 def _original(error):

@@ -112,6 +112,7 @@ def _open_browser(url):
 
 
 def _serve(args, source):
+    from attnkit._interrupts import stopped_by_ctrl_c
     from attnkit.explorer.server import ExplorerServer
 
     try:
@@ -125,6 +126,7 @@ def _serve(args, source):
             threading.Thread(target=_open_browser, args=(server.url,), daemon=True).start()
         server.serve_forever()
     except KeyboardInterrupt:
+        stopped_by_ctrl_c()  # the server's normal end, not an interrupted command
         print("attnkit explorer: stopped", flush=True)
     finally:
         server.server_close()

@@ -133,13 +133,15 @@ def _with_output_dir(args, names, run):
 
 
 def _fit(args):
+    from attnkit._interrupts import ctrl_c_between_batches
     from attnkit.translation import train_dates
 
     start = time.perf_counter()
-    translator, validation, _ = train_dates(
-        _config(args), verbose=0 if args.quiet else 1, data_parallel=args.data_parallel,
-        log=print if args.data_parallel else None,
-    )
+    with ctrl_c_between_batches() as stop:
+        translator, validation, _ = train_dates(
+            _config(args), verbose=0 if args.quiet else 1, data_parallel=args.data_parallel,
+            log=print if args.data_parallel else None, callbacks=[stop],
+        )
     return translator, validation, time.perf_counter() - start
 
 
