@@ -33,6 +33,25 @@ def test_rms_norm_bfloat16_keeps_dtype(rng):
     assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "mixed_bfloat16", "mixed_float16"])
+def test_rms_norm_half_precision_normalizes_in_float32_then_scales_in_its_dtype(rng, dtype):
+    """What the layer computes in half precision: x normalized in float32, rounded once to the compute
+    dtype, times gamma in that dtype. The fused torch path must round where the ops path rounds."""
+    x = (rng.standard_normal((2, 3, 64)) * 3).astype("float32")
+    gamma = rng.standard_normal(64)
+    norm = RMSNorm(epsilon=1e-5, dtype=dtype)
+    norm.build(x.shape)
+    norm.gamma.assign(gamma)
+    half = lambda a: to_numpy(keras.ops.cast(keras.ops.cast(a, norm.compute_dtype), "float32")).astype("float64")
+    x_half = half(x)  # the input as the layer receives it
+    normed = x_half / np.sqrt(np.mean(x_half**2, axis=-1, keepdims=True) + 1e-5)
+    expected = half(half(gamma) * half(normed))  # one rounding for the normalized x, one for the product
+    out = to_numpy(keras.ops.cast(norm(x), "float32"))
+    assert keras.backend.standardize_dtype(norm(x).dtype) == norm.compute_dtype
+    tolerance = 1e-2 if "bfloat16" in dtype else 1e-3  # a few units in the last place of each
+    np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+
+
 def test_rms_norm_refusals():
     with pytest.raises(ValueError, match="epsilon"):
         RMSNorm(epsilon=0)

@@ -71,8 +71,8 @@ def test_cached_equals_uncached_token_by_token(pair):
 
 
 def test_cached_calls_read_the_variables_now_and_trace_each_shape_once(pair, monkeypatch):
-    """On jax and tensorflow a cached call is one compiled program: it must see weights assigned after it
-    was compiled, and serve every decoding step from one trace (on torch every call runs the layers)."""
+    """On jax and tensorflow a cached call is one compiled program, on torch plain torch code: it must see
+    weights assigned after it was made, and serve every decoding step from one trace."""
     _, lm = pair
     model = lm.model
     ids = np.array([[3, 4, 5, 6, 7]], "int32")
@@ -87,7 +87,9 @@ def test_cached_calls_read_the_variables_now_and_trace_each_shape_once(pair, mon
 
     before = to_numpy(model(ids))
     np.testing.assert_allclose(cached_logits(37), before, atol=1e-5)
-    assert len(traced) == (4 if BACKEND == "torch" else 2) + 1  # prefill and one step shape, and the uncached call
+    # jax, tensorflow: the prefill and one step shape are traced; torch runs them as plain torch code.
+    # And the uncached call.
+    assert len(traced) == (0 if BACKEND == "torch" else 2) + 1
     scale = model.final_norm.weights[0]
     old = to_numpy(scale)
     scale.assign(old * 1.5 + 0.25)
@@ -97,6 +99,65 @@ def test_cached_calls_read_the_variables_now_and_trace_each_shape_once(pair, mon
         np.testing.assert_allclose(cached_logits(37), after, atol=1e-5)
     finally:
         scale.assign(old)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the plain torch decoding step is the torch backend's")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_plain_torch_step_computes_what_the_layers_compute_bit_for_bit(pair, dtype, monkeypatch):
+    """`_torch_decoding` restates the layers' composition: its logits and cache must be the layers' own,
+    on every checkpoint kind (biases, sliding windows, tied heads), with left padding and a window that
+    cuts, for a prefill and the steps after it."""
+    from attnkit.models import _torch_decoding
+
+    _, lm = pair
+    config = lm.model.get_config()
+    model = CausalLM.from_config({**config, "dtype": dtype})
+    model.build()
+    model.set_weights(lm.model.get_weights())
+    ids = np.array([[0, 0, 3, 4, 5, 6, 7, 8], [9, 8, 7, 6, 5, 4, 3, 2]], "int32")
+    mask = np.array([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+    plain = _torch_decoding.forward
+
+    def decode(forward):
+        monkeypatch.setattr(_torch_decoding, "forward", forward)
+        cache = model.new_cache(2, 11)
+        steps = [model(ids[:, :5], attention_mask=mask[:, :5], cache=cache)]
+        steps += [model(ids[:, t : t + 1], attention_mask=mask[:, t : t + 1], cache=cache) for t in range(5, 8)]
+        return [to_numpy(s) for s in steps], [to_numpy(k) for k in cache.keys + cache.values]
+
+    ran = []
+    (ours, our_cache) = decode(lambda *args: ran.append(1) or plain(*args))
+    (layers, layer_cache) = decode(lambda *args: None)  # None: the caller runs the layers
+    assert len(ran) == 4 and all(o is not None for o in ours)
+    for a, b in zip(ours + our_cache, layers + layer_cache):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the plain torch decoding step is the torch backend's")
+def test_the_plain_torch_step_leaves_quantized_lora_and_mixed_models_to_the_layers(monkeypatch):
+    from attnkit.models import _torch_decoding
+
+    ids = np.array([[3, 4, 5]], "int32")
+
+    def runs_plain(model):
+        ran = []
+        plain = _torch_decoding.forward
+        monkeypatch.setattr(_torch_decoding, "forward", lambda *args: ran.append(plain(*args)) or ran[-1])
+        model(ids, cache=model.new_cache(1, 4))
+        monkeypatch.setattr(_torch_decoding, "forward", plain)
+        return ran[-1] is not None
+
+    make = dict(vocab_size=64, n=2, d_model=32, h=4, d_ff=48, num_kv_heads=2)
+    assert runs_plain(CausalLM(**make))
+    assert not runs_plain(CausalLM(**make, dtype="mixed_bfloat16"))
+    lora = CausalLM(**make)
+    lora(ids)
+    lora.decoder_layers[1].feed_forward.W_up.enable_lora(2)
+    assert not runs_plain(lora)
+    quantized = CausalLM(**make)
+    quantized(ids)
+    quantized.quantize("int8")
+    assert not runs_plain(quantized)
 
 
 @pytest.mark.parametrize("tied", [True, False])

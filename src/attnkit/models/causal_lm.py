@@ -21,8 +21,9 @@ from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
-from attnkit.layers.rms_norm import RMSNorm
 from attnkit.layers.kv_cache import KVCache, keep_mask
+from attnkit.layers.rms_norm import RMSNorm
+from attnkit.models import _torch_decoding
 from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
 
 
@@ -100,6 +101,7 @@ class CausalLM(keras.Model):
         self.final_norm = RMSNorm(epsilon=self.epsilon, name="final_norm", dtype=policy)
         self.lm_head = None if self.tie_embeddings else Linear(self.vocab_size, use_bias=False, name="lm_head", dtype=policy)
         self._compiled = None  # the compiled cached call on jax and tensorflow and its variables' key, made at first use
+        self._torch_decoding_plan = None  # torch: what `_torch_decoding` reads, looked up at first use
 
     def build(self, token_ids_shape=None, *args, **kwargs):
         shape = (None, None, self.d_model)
@@ -152,8 +154,12 @@ class CausalLM(keras.Model):
         masks = {w: keep_mask(valid, query_slots, w) for w in set(self.sliding_windows)}  # (keep, causal) each
         keeps = tuple(masks[w][0] for w in self.sliding_windows)  # per layer: (B, 1, T, S) or None
         causals = tuple(masks[w][1] for w in self.sliding_windows)
-        if cache is not None and not wanted and keras.backend.backend() in ("jax", "tensorflow"):
-            return self._compiled_call(token_ids, cos, sin, keeps, causals, cache, start, last_only)
+        if cache is not None and not wanted:
+            if keras.backend.backend() in ("jax", "tensorflow"):
+                return self._compiled_call(token_ids, cos, sin, keeps, causals, cache, start, last_only)
+            logits = _torch_decoding.forward(self, token_ids, cos, sin, keeps, causals, cache, start, last_only)
+            if logits is not None:
+                return logits
         logits, weights = self._forward(token_ids, cos, sin, keeps, causals, cache, start, last_only, wanted)
         if attention_layer is None:
             return logits

@@ -297,7 +297,8 @@ def rms_norm(x, gamma, epsilon):
     `keras.ops` path runs).
 
     One `torch.nn.functional.rms_norm` call instead of six dispatched operations (61 norms in a
-    SmolLM2 decoding step). Half precision, which the layer normalizes in float32, is left to it.
+    SmolLM2 decoding step). Half precision is normalized in float32 and scaled in its own dtype, as
+    the layer's `keras.ops` path does.
 
     Args:
         x: (..., d). gamma: (d,) Keras variable or tensor. epsilon: float.
@@ -308,9 +309,13 @@ def rms_norm(x, gamma, epsilon):
     import torch.nn.functional as F
 
     gamma = _tensor(gamma)
-    if x.dtype != torch.float32 or not isinstance(gamma, torch.Tensor) or gamma.dtype != torch.float32:
+    if not isinstance(gamma, torch.Tensor) or gamma.dtype != x.dtype:
         return None
-    return F.rms_norm(x, x.shape[-1:], gamma, epsilon)
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], gamma, epsilon)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return gamma * F.rms_norm(x.float(), x.shape[-1:], None, epsilon).to(x.dtype)  # (..., d)
+    return None
 
 
 def rotate(x, cos, sin):

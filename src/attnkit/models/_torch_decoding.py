@@ -1,0 +1,142 @@
+"""A cached `CausalLM` call on torch as plain torch code: the layers' arithmetic without their Keras
+calls (docs/decisions.md item 58).
+
+jax and tensorflow compile a cached call into one program (`CausalLM._compiled_call`). torch runs
+eagerly, and there a SmolLM2 decoding step made ~400 sub-layer calls, ~270 variable reads with their
+scope checks and ~1900 Keras global-state look-ups: more Python time than transformers' whole step
+(docs/performance.md). This module runs the same step as one loop over the layers' tensors, calling
+the functions the layers call (`_fused.rms_norm`, `_fused.rotate`, `KVCache.update`,
+`grouped_query_attention` / `fused_attention`, torch's `linear` on the layout `_fused.linear` gives
+it) in the same order, so its logits and cache equal the layers' bit for bit
+(tests/models/test_causal_lm.py).
+
+It runs only where the layers' own calls would add nothing: every layer plain (not quantized, no
+LoRA, one dtype for variables and compute) and no `keras.distribution`. Otherwise `forward` returns
+None and the caller runs the layers. What it reads is looked up once into a `_Plan` and checked on
+every call: a layer's dtype policy (`quantize` replaces it), its LoRA switch and every variable's
+tensor; assignments write into those tensors in place, so they are seen.
+
+Legend: B batch, T new tokens, S keys (cache), h / h_kv heads, d_k per-head width, d_model width.
+"""
+
+import types
+
+import keras
+
+from attnkit.ops import _fused
+from attnkit.ops.attention import fused_attention
+from attnkit.ops.grouped_attention import grouped_query_attention
+
+
+def forward(model, token_ids, cos, sin, keeps, causals, cache, start, last_only):
+    """`model._forward(...)`'s logits (B, T or 1, V) float32 for a cached call on torch, or None where
+    the layers' Keras calls are needed (see the module docstring)."""
+    import torch.nn.functional as F
+
+    plan = _plan(model)
+    if plan is None:
+        return None
+    linear = plan.linear
+    x = model.embedding.call(token_ids)  # (B, T, d_model)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # (B, 1, T, d_k): once, not twice per layer
+    h, h_kv, d_k, epsilon = model.h, model.num_kv_heads, model.d_k, model.epsilon
+    attend = grouped_query_attention if h_kv != h else fused_attention
+    for i, layer in enumerate(plan.layers):
+        # x = x + Attention(RMSNorm(x))
+        normed = _fused.rms_norm(x, layer.attention_norm, epsilon)
+        q = _fused.rotate(_fused.split_heads(linear(normed, *layer.W_q), h, d_k), cos, sin)  # (B, h, T, d_k)
+        k = _fused.rotate(_fused.split_heads(linear(normed, *layer.W_k), h_kv, d_k), cos, sin)  # (B, h_kv, T, d_k)
+        v = _fused.split_heads(linear(normed, *layer.W_v), h_kv, d_k)  # (B, h_kv, T, d_k)
+        k, v = cache.update(i, k, v, start)  # (B, h_kv, S, d_k)
+        heads = attend(q, k, v, keeps[i], causal=causals[i], dropout=layer.dropout, training=False, seed=layer.seed)
+        x = x + linear(_fused.merge_heads(heads), *layer.W_o)  # (B, T, d_model)
+        # x = x + SwiGLU(RMSNorm(x))
+        normed = _fused.rms_norm(x, layer.feed_forward_norm, epsilon)
+        gated = F.silu(linear(normed, *layer.W_gate)) * linear(normed, *layer.W_up)  # (B, T, d_ff)
+        x = x + linear(gated, *layer.W_down)
+    if last_only:
+        x = x[:, -1:]  # (B, 1, d_model)
+    x = _fused.rms_norm(x, plan.final_norm, epsilon)
+    if plan.lm_head is None:
+        logits = keras.ops.einsum("btd,vd->btv", x, plan.embeddings)  # (B, T, V), as `CausalLM._forward`
+    else:
+        logits = linear(x, *plan.lm_head)
+    return keras.ops.cast(logits, "float32")
+
+
+def _plan(model):
+    """The model's `_Plan`, made anew when a layer or a variable changed; None when a layer is not plain."""
+    if keras.distribution.distribution() is not None:
+        return None
+    plan = model._torch_decoding_plan
+    if plan is None or not plan.current():
+        plan = model._torch_decoding_plan = _Plan(model)  # a plain object: Keras does not track it
+    return plan if plan.plain else None
+
+
+class _Plan:
+    """The tensors a cached call reads, by layer and role, and what they were read from."""
+
+    def __init__(self, model):
+        self.leaves = [model.embedding, model.final_norm] + ([model.lm_head] if model.lm_head is not None else [])
+        self.variables = []
+        self.layers = []
+        for block in model.decoder_layers:
+            attention, feed_forward = block.attention, block.feed_forward
+            layer = types.SimpleNamespace(
+                attention_norm=self._norm(block.attention_block.norm), feed_forward_norm=self._norm(block.feed_forward_block.norm),
+                W_q=self._dense(attention.W_q), W_k=self._dense(attention.W_k), W_v=self._dense(attention.W_v),
+                W_o=self._dense(attention.W_o), W_gate=self._dense(feed_forward.W_gate), W_up=self._dense(feed_forward.W_up),
+                W_down=self._dense(feed_forward.W_down), dropout=attention.dropout, seed=attention.seed_generator,
+            )
+            self.layers.append(layer)
+        self.final_norm = self._norm(model.final_norm)
+        self.lm_head = None if model.lm_head is None else self._dense(model.lm_head)
+        self.embeddings = None if model.lm_head is not None else self._tensor(model.embedding.embeddings)
+        self.policies = [leaf.dtype_policy for leaf in self.leaves]
+        self.lora = [getattr(leaf, "lora_enabled", False) for leaf in self.leaves]
+        self.plain = all(
+            policy.quantization_mode is None and policy.compute_dtype == policy.variable_dtype
+            and policy.compute_dtype in ("float32", "bfloat16", "float16")  # those `_fused.rms_norm` takes
+            for policy in self.policies
+        ) and not any(self.lora)
+        half = model.compute_dtype in ("bfloat16", "float16")
+        # torch's CPU half-precision GEMM needs the (d_out, d_in) layout, which `_fused` keeps per variable.
+        self.linear = _half_linear if half else _linear
+
+    def current(self):
+        """Whether every layer and variable is still the one this plan read."""
+        return (
+            all(leaf.dtype_policy is policy for leaf, policy in zip(self.leaves, self.policies))
+            and all(getattr(leaf, "lora_enabled", False) == lora for leaf, lora in zip(self.leaves, self.lora))
+            and all(variable._value is tensor for variable, tensor in self.variables)
+        )
+
+    def _tensor(self, variable):
+        self.variables.append((variable, variable.value))
+        return variable.value
+
+    def _norm(self, norm):
+        self.leaves.append(norm)
+        return self._tensor(norm.gamma)  # (d_model,)
+
+    def _dense(self, dense):
+        """(kernel variable, kernel (d_in, d_out), bias (d_out,) or None) of a `Linear` without activation."""
+        self.leaves.append(dense)
+        if dense.quantization_mode is not None or dense.lora_enabled:
+            return None, None, None  # not plain: the plan is not used
+        return dense.kernel, self._tensor(dense.kernel), None if dense.bias is None else self._tensor(dense.bias)
+
+
+def _linear(x, variable, kernel, bias):
+    """x kernel + bias as `_fused.linear` computes it: one GEMM on the kernel's transposed view."""
+    import torch.nn.functional as F
+
+    return F.linear(x, kernel.t(), bias)
+
+
+def _half_linear(x, variable, kernel, bias):
+    """As `_linear`, on the (d_out, d_in) copy `_fused` keeps for a half-precision variable."""
+    import torch.nn.functional as F
+
+    return F.linear(x, _fused._row_major(variable, kernel), bias)
