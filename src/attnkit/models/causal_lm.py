@@ -24,6 +24,7 @@ from attnkit.layers.linear import Linear
 from attnkit.layers.kv_cache import KVCache, keep_mask
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.models import _torch_decoding
+from attnkit.ops import _fused
 from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
 
 
@@ -186,8 +187,7 @@ class CausalLM(keras.Model):
             x = x[:, -1:]  # (B, 1, d_model)
         x = call_sublayer(self.final_norm, x)
         if self.lm_head is None:
-            # x E^T as one contraction: a transposed (d_model, V) copy of E per call costs as much as the product on jax.
-            logits = ops.einsum("btd,vd->btv", x, self._tied_vocabulary(x.dtype))  # (B, T, V)
+            logits = _fused.times_transposed(x, self._tied_vocabulary(x.dtype))  # (B, T, V)
         else:
             logits = call_sublayer(self.lm_head, x)
         return ops.cast(logits, "float32"), weights

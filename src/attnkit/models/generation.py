@@ -17,6 +17,7 @@ import numpy as np
 from keras import ops
 
 from attnkit._validation import positive_int
+from attnkit.layers._sublayer import call_sublayer
 
 
 def check_sampling(temperature, top_k, top_p):
@@ -115,9 +116,9 @@ def generate_tokens(
         # Room rounded up to 64 slots: on jax and tensorflow a step's shapes are the cache's, so prompts
         # of similar lengths share one compiled step (docs/decisions.md item 56).
         cache = model.new_cache(len(prompts), -(-(ids.shape[1] + max_new_tokens) // 64) * 64)
-        logits = model(ids, attention_mask=mask, cache=cache, last_only=True)
+        logits = _call(model, ids, attention_mask=mask, cache=cache, last_only=True)
     else:
-        logits = model(ids, attention_mask=mask, last_only=True)
+        logits = _call(model, ids, attention_mask=mask, last_only=True)
     for step in range(max_new_tokens):
         token = choose(ops.convert_to_numpy(logits)[:, -1], temperature, top_k, top_p, rng)
         token = np.where(done, pad_id, token)
@@ -127,10 +128,17 @@ def generate_tokens(
             return
         new = token[:, None].astype("int32")  # (B, 1)
         if use_cache:
-            logits = model(new, attention_mask=np.ones_like(new, dtype=bool), cache=cache, last_only=True)
+            logits = _call(model, new, attention_mask=np.ones_like(new, dtype=bool), cache=cache, last_only=True)
         else:
             ids, mask = np.concatenate([ids, new], axis=1), np.concatenate([mask, np.ones_like(new, dtype=bool)], axis=1)
-            logits = model(ids, attention_mask=mask, last_only=True)
+            logits = _call(model, ids, attention_mask=mask, last_only=True)
+
+
+def _call(model, ids, **options):
+    """`model(ids, **options)`, through `call_sublayer`: a decoding step repeats Keras's `__call__` work
+    on the whole model (its losses cleared layer by layer, ~480 layers for SmolLM2) for nothing when
+    the model needs none of it (docs/decisions.md item 58)."""
+    return call_sublayer(model, ops.convert_to_tensor(ids), **options)
 
 
 def generate(model, prompts, *, on_token=None, **options):

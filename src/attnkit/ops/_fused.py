@@ -336,6 +336,20 @@ def rotate(x, cos, sin):
     return torch.addcmul(x * cos, torch.cat((-x2, x1), dim=-1), sin)
 
 
+def times_transposed(x, weight):
+    """x weight^T (..., d_out) for weight (d_out, d_in), the layout of a tied embedding matrix.
+
+    On torch one `torch.nn.functional.linear`, which reads that layout as it is; `keras.ops.einsum`
+    elsewhere (a transposed copy of the weight per call costs as much as the product on jax). torch's
+    einsum runs a batched GEMM instead: 2.5x the time of the vocabulary projection at batch 8.
+    """
+    if _is_torch_tensor(x):
+        import torch.nn.functional as F
+
+        return F.linear(x, _tensor(weight))
+    return ops.einsum("...d,vd->...v", x, weight)
+
+
 def linear(x, kernel, bias, activation):
     """Fused activation(x @ kernel + bias) on torch, or None (the caller's `keras.ops` path then runs).
 
