@@ -107,13 +107,25 @@ def test_the_plain_torch_step_computes_what_the_layers_compute_bit_for_bit(pair,
     """`_torch_decoding` restates the layers' composition: its logits and cache must be the layers' own,
     on every checkpoint kind (biases, sliding windows, tied heads), with left padding and a window that
     cuts, for a prefill and the steps after it."""
-    from attnkit.models import _torch_decoding
-
     _, lm = pair
     config = lm.model.get_config()
     model = CausalLM.from_config({**config, "dtype": dtype})
     model.build()
     model.set_weights(lm.model.get_weights())
+    _assert_plain_step_equals_layers(model, monkeypatch)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the plain torch decoding step is the torch backend's")
+def test_the_plain_torch_step_with_as_many_key_value_heads_as_query_heads(monkeypatch):
+    """h_kv = h: the layers attend through `fused_attention`, not the grouped op."""
+    model = CausalLM(vocab_size=64, n=2, d_model=32, h=4, d_ff=48, num_kv_heads=4, sliding_windows=[None, 3])
+    model.build()
+    _assert_plain_step_equals_layers(model, monkeypatch)
+
+
+def _assert_plain_step_equals_layers(model, monkeypatch):
+    from attnkit.models import _torch_decoding
+
     ids = np.array([[0, 0, 3, 4, 5, 6, 7, 8], [9, 8, 7, 6, 5, 4, 3, 2]], "int32")
     mask = np.array([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
     plain = _torch_decoding.forward
