@@ -104,8 +104,8 @@ def replace_files(directory, writers):
             write(path)
             _fsync(path)
         _fsync(staging, directory=True)
-        raise_if_pressed()  # a Ctrl-C whose KeyboardInterrupt was lost: the old files stay
         with _signals_held():
+            raise_if_pressed()  # a Ctrl-C whose KeyboardInterrupt was lost: the old files stay
             _commit(directory, staging, list(writers))
     finally:
         if staging is not None:

@@ -33,7 +33,8 @@ def watching_ctrl_c():
     """While the block runs, a SIGINT is noted and raises KeyboardInterrupt.
 
     Only the main thread receives signals; a handler someone else installed (not Python's default)
-    is left alone, and then nothing is noted.
+    is left alone, and then nothing is noted (a `main` inside a `main` shares the outer one's note).
+    The note is cleared when the block ends: code run after it (a library save) does not see it.
     """
     global _pressed
 
@@ -46,14 +47,16 @@ def watching_ctrl_c():
     ours = threading.current_thread() is threading.main_thread() and (
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
     )
+    if not ours:
+        yield
+        return
     _pressed = False
-    if ours:
-        signal.signal(signal.SIGINT, noting)
+    signal.signal(signal.SIGINT, noting)
     try:
         yield
     finally:
-        if ours:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _pressed = False
 
 
 def pressed():

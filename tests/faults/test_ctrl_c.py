@@ -54,14 +54,7 @@ def test_a_ctrl_c_swallowed_by_a_gc_callback_still_stops_the_save(tmp_path, monk
     (tmp_path / "model.keras").write_bytes(b"old")
 
     def run(args):
-        def collecting(phase, info):
-            _ctrl_c()
-
-        gc.callbacks.append(collecting)
-        try:
-            gc.collect()
-        finally:
-            gc.callbacks.remove(collecting)
+        _lose_a_ctrl_c()
         replace_files(str(tmp_path), {"model.keras": lambda path: open(path, "wb").write(b"new")})
         return 0
 
@@ -69,19 +62,41 @@ def test_a_ctrl_c_swallowed_by_a_gc_callback_still_stops_the_save(tmp_path, monk
     assert cli.main(["train"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "attnkit: interrupted"
     assert sorted(os.listdir(tmp_path)) == ["model.keras"] and (tmp_path / "model.keras").read_bytes() == b"old"
+    # After the command, a library save in the same process is not refused for that Ctrl-C.
+    replace_files(str(tmp_path), {"model.keras": lambda path: open(path, "wb").write(b"later")})
+    assert (tmp_path / "model.keras").read_bytes() == b"later"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the lost interrupt
+def test_a_ctrl_c_swallowed_before_an_explorer_export_keeps_the_old_page(tmp_path, monkeypatch):
+    from attnkit.explorer import export
+
+    page = tmp_path / "page.html"
+    page.write_text("the user's old page")
+    monkeypatch.setattr(export, "render_page", lambda description, data: "<!DOCTYPE html>the new page")
+    source = types.SimpleNamespace(attention=lambda text, decimals: _lose_a_ctrl_c(), describe=lambda: {})
+    with watching_ctrl_c(), pytest.raises(KeyboardInterrupt):
+        export.export_page(str(page), source, "the cat", force=True)
+    assert page.read_text() == "the user's old page" and os.listdir(tmp_path) == ["page.html"]
+
+
+def _lose_a_ctrl_c():
+    """A Ctrl-C whose KeyboardInterrupt Python swallows in a garbage-collector callback: the code goes on."""
+
+    def collecting(phase, info):
+        _ctrl_c()
+
+    gc.callbacks.append(collecting)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(collecting)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the lost interrupt
 def test_a_ctrl_c_swallowed_after_the_last_save_still_ends_as_interrupted(monkeypatch, capsys):
     def run(args):
-        def collecting(phase, info):
-            _ctrl_c()
-
-        gc.callbacks.append(collecting)
-        try:
-            gc.collect()
-        finally:
-            gc.callbacks.remove(collecting)
+        _lose_a_ctrl_c()
         return 0
 
     _command(monkeypatch, run)

@@ -170,6 +170,30 @@ def test_the_plain_torch_step_leaves_quantized_lora_and_mixed_models_to_the_laye
     quantized(ids)
     quantized.quantize("int8")
     assert not runs_plain(quantized)
+    tied_lora = CausalLM(**make)  # LoRA on the tied embedding: its `embeddings` is no variable then
+    tied_lora(ids)
+    tied_lora.embedding.enable_lora(2)
+    assert not runs_plain(tied_lora)
+    mixed_block = CausalLM(**make)  # a policy set on one block reaches its sublayers' calls
+    mixed_block(ids)
+    mixed_block.decoder_layers[0].dtype_policy = "mixed_bfloat16"
+    assert not runs_plain(mixed_block)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the plain torch decoding step is the torch backend's")
+def test_a_stateless_call_runs_on_the_values_it_is_given_not_the_variables():
+    """`stateless_call` maps the variables to other values: the plain step, which reads the variables'
+    own tensors, must not run (it returned the variables' logits without a word)."""
+    import keras
+
+    model = CausalLM(vocab_size=64, n=2, d_model=32, h=4, d_ff=48, num_kv_heads=2)
+    ids = np.array([[3, 4, 5]], "int32")
+    model(ids, cache=model.new_cache(1, 8))  # the plan is made
+    given = [keras.ops.zeros_like(v) + 0.01 for v in model.trainable_variables]
+    stateless, _ = model.stateless_call(given, model.non_trainable_variables, ids, cache=model.new_cache(1, 8))
+    for variable, value in zip(model.trainable_variables, given):
+        variable.assign(value)
+    np.testing.assert_array_equal(to_numpy(stateless), to_numpy(model(ids, cache=model.new_cache(1, 8))))
 
 
 @pytest.mark.parametrize("tied", [True, False])

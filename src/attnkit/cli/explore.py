@@ -112,8 +112,10 @@ def _open_browser(url):
 
 
 def _serve(args, source):
-    from attnkit._interrupts import stopped_by_ctrl_c
+    from attnkit._interrupts import raise_if_pressed, stopped_by_ctrl_c
     from attnkit.explorer.server import ExplorerServer
+
+    raise_if_pressed()  # a Ctrl-C lost while the model loaded: interrupted, not a server's normal stop
 
     try:
         server = ExplorerServer(source, args.port, text=args.text)

@@ -3,6 +3,7 @@
 import os
 import secrets
 
+from attnkit._interrupts import raise_if_pressed
 from attnkit.explorer.page import render_page
 
 
@@ -42,6 +43,7 @@ def export_page(path, source, text, *, force=False, decimals=4):
             os.fsync(f.fileno())
         if not force and os.path.exists(path):  # created while the page was being computed
             raise FileExistsError(f"{path} already exists; pass --force to overwrite it")
+        raise_if_pressed()  # a Ctrl-C whose KeyboardInterrupt was lost: the old page stays
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

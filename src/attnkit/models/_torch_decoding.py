@@ -11,7 +11,8 @@ it) in the same order, so its logits and cache equal the layers' bit for bit
 (tests/models/test_causal_lm.py).
 
 It runs only where the layers' own calls would add nothing: every layer plain (not quantized, no
-LoRA, one dtype for variables and compute) and no `keras.distribution`. Otherwise `forward` returns
+LoRA, one dtype for variables and compute), no `keras.distribution` and no stateless scope (whose
+variables stand for other values). Otherwise `forward` returns
 None and the caller runs the layers. What it reads is looked up once into a `_Plan` and checked on
 every call: a layer's dtype policy (`quantize` replaces it), its LoRA switch and every variable's
 tensor; assignments write into those tensors in place, so they are seen.
@@ -22,6 +23,7 @@ Legend: B batch, T new tokens, S keys (cache), h / h_kv heads, d_k per-head widt
 import types
 
 import keras
+from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public name in Keras 3
 
 from attnkit.ops import _fused
 from attnkit.ops.attention import fused_attention
@@ -66,8 +68,8 @@ def forward(model, token_ids, cos, sin, keeps, causals, cache, start, last_only)
 
 def _plan(model):
     """The model's `_Plan`, made anew when a layer or a variable changed; None when a layer is not plain."""
-    if keras.distribution.distribution() is not None:
-        return None
+    if keras.distribution.distribution() is not None or in_stateless_scope():
+        return None  # a stateless call (`stateless_call`, jax-style training) maps the variables to other values
     plan = model._torch_decoding_plan
     if plan is None or not plan.current():
         plan = model._torch_decoding_plan = _Plan(model)  # a plain object: Keras does not track it
@@ -78,8 +80,23 @@ class _Plan:
     """The tensors a cached call reads, by layer and role, and what they were read from."""
 
     def __init__(self, model):
-        self.leaves = [model.embedding, model.final_norm] + ([model.lm_head] if model.lm_head is not None else [])
+        # Every layer of the model: a dtype policy set on a block (mixed precision) reaches its sublayers' calls.
+        self.leaves = [model, model.embedding, model.final_norm] + ([model.lm_head] if model.lm_head is not None else [])
+        for block in model.decoder_layers:
+            self.leaves += [block, block.attention, block.attention_block, block.attention_block.norm, block.feed_forward]
+            self.leaves += [block.feed_forward_block, block.feed_forward_block.norm, block.attention.W_q, block.attention.W_k]
+            self.leaves += [block.attention.W_v, block.attention.W_o, block.feed_forward.W_gate, block.feed_forward.W_up]
+            self.leaves += [block.feed_forward.W_down]
+        self.policies = [leaf.dtype_policy for leaf in self.leaves]
+        self.lora = [getattr(leaf, "lora_enabled", False) for leaf in self.leaves]
         self.variables = []
+        self.plain = all(
+            policy.quantization_mode is None and policy.compute_dtype == policy.variable_dtype
+            and policy.compute_dtype in ("float32", "bfloat16", "float16")  # those `_fused.rms_norm` takes
+            for policy in self.policies
+        ) and not any(self.lora)
+        if not self.plain:
+            return  # nothing is read: the layers run
         self.layers = []
         for block in model.decoder_layers:
             attention, feed_forward = block.attention, block.feed_forward
@@ -93,16 +110,11 @@ class _Plan:
         self.final_norm = self._norm(model.final_norm)
         self.lm_head = None if model.lm_head is None else self._dense(model.lm_head)
         self.embeddings = None if model.lm_head is not None else self._tensor(model.embedding.embeddings)
-        self.policies = [leaf.dtype_policy for leaf in self.leaves]
-        self.lora = [getattr(leaf, "lora_enabled", False) for leaf in self.leaves]
-        self.plain = all(
-            policy.quantization_mode is None and policy.compute_dtype == policy.variable_dtype
-            and policy.compute_dtype in ("float32", "bfloat16", "float16")  # those `_fused.rms_norm` takes
-            for policy in self.policies
-        ) and not any(self.lora)
-        half = model.compute_dtype in ("bfloat16", "float16")
-        # torch's CPU half-precision GEMM needs the (d_out, d_in) layout, which `_fused` keeps per variable.
-        self.linear = _half_linear if half else _linear
+        # torch's CPU half-precision GEMM needs the (d_out, d_in) layout, which `_fused.linear` keeps per
+        # variable there (and only there).
+        kernel = self.layers[0].W_q[1]
+        half_on_cpu = model.compute_dtype in ("bfloat16", "float16") and kernel.device.type == "cpu"
+        self.linear = _half_linear if half_on_cpu else _linear
 
     def current(self):
         """Whether every layer and variable is still the one this plan read."""
@@ -117,14 +129,10 @@ class _Plan:
         return variable.value
 
     def _norm(self, norm):
-        self.leaves.append(norm)
         return self._tensor(norm.gamma)  # (d_model,)
 
     def _dense(self, dense):
-        """(kernel variable, kernel (d_in, d_out), bias (d_out,) or None) of a `Linear` without activation."""
-        self.leaves.append(dense)
-        if dense.quantization_mode is not None or dense.lora_enabled:
-            return None, None, None  # not plain: the plan is not used
+        """(kernel variable, kernel (d_in, d_out), bias (d_out,) or None) of a plain `Linear` without activation."""
         return dense.kernel, self._tensor(dense.kernel), None if dense.bias is None else self._tensor(dense.bias)
 
 
