@@ -239,3 +239,17 @@ def test_half_precision_weights_are_finite_and_sum_to_one(rng, dtype):
     empty = ~(mask[:, None] & reference.causal_keep(7, 7)).any(-1)
     assert (sums[np.broadcast_to(empty, sums.shape)] == 0).all()
     np.testing.assert_allclose(sums[~np.broadcast_to(empty, sums.shape)], 1.0, atol=0.02)
+
+
+def test_finite_values_whose_sum_overflows_give_the_reference(rng):
+    """torch's finiteness check sums each input in float32 (docs/decisions.md item 21): values near
+    float32's largest make that sum infinite although every value is finite, and the explicit path
+    then runs; it must give the same numbers as the reference."""
+    q, k = rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 6, 8))
+    v = np.full((1, 2, 6, 8), 3e37) * np.sign(rng.standard_normal((1, 2, 6, 8)))
+    v[..., 0, :] = 3e37  # the sum over v overflows float32 (3e38 is its largest)
+    assert np.isinf(np.float32(v).sum(dtype=np.float32))
+    out = to_numpy(fused_attention(*(x.astype("float32") for x in (q, k, v))))
+    expected = reference.attention(q, k, v)[0]
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * 3e37)

@@ -116,12 +116,19 @@ def _torch(queries, keys, values, keep, causal, scale):
 
 
 def _finite(*tensors):
-    """Whether every element of these torch tensors is finite (True for shapes only traced on "meta")."""
+    """Whether the sum of all elements of these torch tensors, in float32, is finite (True for shapes
+    only traced on "meta").
+
+    A NaN or an infinity anywhere makes the sum NaN or infinite, so a finite sum proves every element
+    finite, in one pass over each tensor (`isfinite(t).all()` took four: 5% of a 6-layer encoder's
+    time). The converse can fail: finite elements whose sum overflows float32 (magnitudes near 1e34)
+    read as non-finite, and the caller then takes the explicit path, which computes the same numbers.
+    """
     import torch
 
     if any(t.device.type == "meta" for t in tensors):
         return True
-    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+    return bool(torch.isfinite(sum(t.detach().sum(dtype=torch.float32) for t in tensors)))
 
 
 def _torch_accelerator(queries, keys, values, keep, scale):

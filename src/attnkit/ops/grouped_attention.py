@@ -79,11 +79,14 @@ def grouped_query_attention(
 
 
 def _torch_gqa(queries, keys, values, mask, causal, scale):
-    """torch's SDPA with `enable_gqa=True` (K/V not repeated), or None off the CPU with a mask: there the
-    memory-efficient kernel averages the values on rows with nothing to attend to (`_fused`), and the
-    repeating path, which repairs them, runs instead."""
+    """torch's SDPA with `enable_gqa=True` (K/V not repeated), or None where the repeating path must run:
+    for non-finite inputs, which torch's kernels turn into zeros on some rows (docs/decisions.md item
+    21), and off the CPU with a mask, where the memory-efficient kernel averages the values on rows
+    with nothing to attend to (`_fused`); the repeating path repairs both."""
     import torch.nn.functional as F
 
+    if not _fused._finite(queries, keys, values):
+        return None
     scores_shape = (*queries.shape[:-1], keys.shape[-2])
     scale = default_scale(queries, scale)
     q_len, k_len = queries.shape[-2], keys.shape[-2]
