@@ -1,10 +1,8 @@
 """`Linear`: a `keras.layers.Dense` whose product runs through `attnkit.ops.linear`.
 
 The variables, the configuration, LoRA and quantization are Dense's own, so Dense weights copy across
-unchanged; only the arithmetic differs: one fused GEMM with the bias on torch, and ReLU in place on
-its output (see `attnkit.ops.linear`). On torch the kernel, of Dense's (d_in, d_out) shape, is stored
-in memory as `torch.nn.Linear` stores its weight, (d_out, d_in) row by row: torch's CPU GEMMs read
-that layout faster (docs/decisions.md item 59).
+unchanged; only the arithmetic differs: one fused GEMM with the bias on torch, in the weight layout
+torch's CPU kernels need for bfloat16, and ReLU in place on its output (see `attnkit.ops.linear`).
 
 Legend: d_in input width, d_out (`units`) output width.
 """
@@ -14,7 +12,6 @@ import warnings
 
 import keras
 
-from attnkit.ops import _fused
 from attnkit.ops.linear import linear
 
 # Dense's activation functions that `linear` applies itself (gelu: Keras's default is the exact form).
@@ -30,11 +27,6 @@ class Linear(keras.layers.Dense):
     Example:
     >>> Linear(4)(keras.ops.ones((2, 3))).shape  # (2, 4)
     """
-
-    def build(self, input_shape):
-        super().build(input_shape)
-        if self.quantization_mode is None:
-            _fused.store_as_torch_linear(self._kernel)  # (d_in, d_out), laid out (d_out, d_in)
 
     def call(self, inputs, training=None):
         # Quantized layers never get here: Keras routes them to Dense.quantized_call. `self.kernel`

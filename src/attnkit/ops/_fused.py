@@ -11,6 +11,8 @@ the explicit `keras.ops` path, which gives the same numbers.
 Legend: B batch, h heads, T_q/T_k lengths, d_k/d_v widths.
 """
 
+import weakref
+
 import keras
 from keras import ops
 
@@ -198,38 +200,27 @@ def _tensor(v):
     return v.value if isinstance(v, keras.Variable) else v
 
 
-def store_as_torch_linear(variable):
-    """Lays a 2-D torch variable (d_in, d_out) out in memory as `torch.nn.Linear` lays out its weight:
-    (d_out, d_in) row by row, so that its transpose, the operand `torch.nn.functional.linear` reads, is
-    contiguous. Shape, values and the Parameter object stay; later assignments copy into this layout.
+# id(variable) -> (weak reference to it, (id, version) of the value copied, the (d_out, d_in) copy).
+_ROW_MAJOR = {}
 
-    torch's CPU GEMMs stream a contiguous (d_out, d_in) weight faster when the model's weights do not
-    fit in cache (decoding: 5-10% of a SmolLM2 step at batch 8), and its half-precision GEMM runs ~30x
-    slower on the other layout (docs/decisions.md item 59). Other backends, and variables not yet
-    holding a tensor, are left as they are.
-    """
-    if keras.backend.backend() != "torch":
-        return
+
+def _row_major(variable, kernel):
+    """`kernel.t().contiguous()`, the (d_out, d_in) layout of a (d_in, d_out) torch kernel; kept between
+    calls when `kernel` is the Keras `variable`'s own value and no autograd graph is being recorded.
+    An assignment (in place, bumping the tensor's version) or a new value makes a new copy."""
     import torch
 
-    value = getattr(variable, "_value", None)
-    if not isinstance(value, torch.Tensor) or value.ndim != 2:
-        return
-    with torch.no_grad():
-        value.data = value.data.t().contiguous().t()  # same (d_in, d_out) shape, strides (1, d_in)
-
-
-def linear_weight(kernel):
-    """The (d_out, d_in) operand of `torch.nn.functional.linear` for a torch kernel (d_in, d_out): its
-    transposed view, contiguous for a `Linear`'s own kernel (`store_as_torch_linear`). A half-precision
-    kernel in the other layout (a LoRA-updated kernel, a user's tensor) is copied on the CPU, where
-    torch's half-precision GEMM is ~30x slower on it."""
-    import torch
-
-    weight = kernel.t()  # (d_out, d_in)
-    if weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type == "cpu" and not weight.is_contiguous():
-        return weight.contiguous()
-    return weight
+    own = isinstance(variable, keras.Variable) and variable._value is kernel
+    if not own or (kernel.requires_grad and torch.is_grad_enabled()):
+        return kernel.t().contiguous()  # (d_out, d_in)
+    stamp = (id(kernel), kernel._version)
+    entry = _ROW_MAJOR.get(id(variable))
+    if entry is not None and entry[0]() is variable and entry[1] == stamp:
+        return entry[2]
+    copy = kernel.t().contiguous()  # (d_out, d_in)
+    key = id(variable)
+    _ROW_MAJOR[key] = (weakref.ref(variable, lambda _, key=key: _ROW_MAJOR.pop(key, None)), stamp, copy)
+    return copy
 
 
 def split_heads(x, h, d):
@@ -256,19 +247,13 @@ def merge_heads(x):
 
 
 def concat_last(tensors, dtype):
-    """The tensors or Keras variables `tensors` (..., n_i), cast to `dtype`, joined along the last axis.
-
-    On torch, kernels (d_in, n_i) are joined in `torch.nn.Linear`'s layout (`store_as_torch_linear`):
-    as (n_i, d_in) blocks one under the other, so the joined kernel's transpose is contiguous too.
-    """
+    """The tensors or Keras variables `tensors` (..., n_i), cast to `dtype`, joined along the last axis."""
     if keras.backend.backend() == "torch":
         import torch
 
         values = [_tensor(t) for t in tensors]
         if all(isinstance(v, torch.Tensor) for v in values):
             torch_dtype = getattr(torch, dtype)
-            if all(v.ndim == 2 for v in values):
-                return torch.cat([v.to(torch_dtype).t() for v in values], dim=0).t()  # (d_in, sum n_i), strides (1, d_in)
             return torch.cat([v.to(torch_dtype) for v in values], dim=-1)
     return ops.concatenate([ops.cast(t, dtype) for t in tensors], axis=-1)
 
@@ -388,11 +373,18 @@ def linear(x, kernel, bias, activation):
     import torch
     import torch.nn.functional as F
 
+    variable = kernel
     x, kernel, bias = _tensor(x), _tensor(kernel), _tensor(bias)
     operands = (x, kernel) if bias is None else (x, kernel, bias)
     if not all(isinstance(v, torch.Tensor) and v.dtype == x.dtype for v in operands) or not x.is_floating_point():
         return None
-    weight = linear_weight(kernel)  # (d_out, d_in)
+    weight = kernel.t()  # (d_out, d_in), torch.nn.Linear's layout, as a view
+    if weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type == "cpu":
+        # torch's CPU half-precision GEMM runs ~30x slower on a row-major (d_in, d_out) operand than
+        # on a (d_out, d_in) one (0.5 vs 15 GFLOP/s on a 2048x512x2048 bfloat16 product here). A
+        # kernel cast by autocast is a fresh tensor each call, and its copy costs what the cast did;
+        # a half-precision variable's own value is copied once and kept (`_row_major`).
+        weight = _row_major(variable, kernel)
     # One addmm: the bias is added inside the GEMM instead of in a second pass over the output.
     y = F.linear(x, weight, bias)
     if activation == "relu":

@@ -14,9 +14,8 @@ def linear(x, kernel, bias=None, activation=None):
     """activation(x @ kernel + bias), as `keras.layers.Dense` computes it, fused where the backend can.
 
     On torch this is one `torch.nn.functional.linear` (the bias added inside the GEMM) on the kernel's
-    transposed view, with ReLU applied in place on the fresh output; a half-precision kernel not in
-    `torch.nn.Linear`'s memory layout (as `attnkit.layers.Linear` stores its own) is copied into it on
-    the CPU. On jax and tensorflow it is `keras.ops.matmul` plus the
+    transposed view, with ReLU applied in place on the fresh output; half-precision kernels are laid
+    out as torch's CPU kernels need them. On jax and tensorflow it is `keras.ops.matmul` plus the
     bias and the activation, which their compilers fuse.
 
     Args:
