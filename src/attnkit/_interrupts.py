@@ -15,7 +15,8 @@ segmentation fault or "free(): invalid next size" (seen in 2 of 15 interrupted t
 
 So the CLI notes every SIGINT while it runs (`watching_ctrl_c`), still raising KeyboardInterrupt as
 Python's own handler does, and asks at its points of no return (`raise_if_pressed`): before a save
-commits and when the command ends. Around `fit`, the first Ctrl-C is only noted, and training stops
+commits, before an explorer export's rename, before the explorer starts serving, and when the
+command ends. Around `fit`, the first Ctrl-C is only noted, and training stops
 at the next batch's end, between the framework's steps (`ctrl_c_between_batches`); a second one
 raises at once.
 """
