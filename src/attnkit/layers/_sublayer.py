@@ -21,6 +21,7 @@ compile the forward pass, so for them this only shortens tracing.
 """
 
 import keras
+from keras.src.backend.common.variables import get_autocast_scope  # no public name in Keras 3
 
 from attnkit.ops import _fused
 
@@ -30,7 +31,8 @@ def call_sublayer(layer, *args, **kwargs):
 
     `layer.call` runs directly only when `layer` is built, not quantized (Keras routes those to
     `quantized_call`), not rematerialized, not under a `keras.distribution` (it may lay out outputs by
-    layer path), not of a mixed dtype policy (its variables must be cast in an autocast scope), and
+    layer path), of one dtype for variables and compute or inside the autocast scope its own
+    `__call__` would open (a mixed-precision parent's: its variables are then cast the same way), and
     every positional argument is already a backend tensor (or None), of its compute dtype if floating.
     Otherwise Keras's own `__call__` runs. Keyword arguments are passed as they are: give `training`
     and masks explicitly.
@@ -47,16 +49,19 @@ def call_sublayer(layer, *args, **kwargs):
     return layer.call(*args, **kwargs)
 
 
-def _keras_call_needed(layer, args):
+def _keras_call_needed(layer, args, reads_cast_variables=True):
+    """Whether `layer(*args)` would do more than `layer.call(*args)`. `reads_cast_variables=False` says
+    that the layer's call reads no variable autocast would cast (a norm layer's float32 gamma and beta)."""
     policy = layer.dtype_policy
     if (
         not layer.built
-        or policy.compute_dtype != policy.variable_dtype
         or policy.quantization_mode is not None
         or getattr(layer, "_remat_mode", None) is not None
         or keras.distribution.distribution() is not None
     ):
         return True
+    if policy.compute_dtype != policy.variable_dtype and reads_cast_variables and not _autocasting_for(layer):
+        return True  # its variables must be read in an autocast scope of its compute dtype
     for arg in args:
         if arg is None:
             continue
@@ -66,6 +71,13 @@ def _keras_call_needed(layer, args):
         if "float" in dtype and dtype != policy.compute_dtype:
             return True  # Keras casts floating inputs to the compute dtype
     return False
+
+
+def _autocasting_for(layer):
+    """Whether the autocast scope open now (the parent's, for a mixed dtype policy) is the one
+    `layer.__call__` would run its call in: Keras then opens no scope of its own."""
+    scope = get_autocast_scope()
+    return scope is not None and layer.autocast and scope.dtype == layer.compute_dtype
 
 
 _DTYPE_NAMES = {}
@@ -91,7 +103,7 @@ def call_layer_norm(norm, x):
         and norm.built
         and not norm.rms_scaling
         and norm.axis in ([-1], [len(x.shape) - 1])
-        and not _keras_call_needed(norm, (x,))
+        and not _keras_call_needed(norm, (x,), reads_cast_variables=False)
     ):
         y = _fused.layer_norm(x, norm.gamma if norm.scale else None, norm.beta if norm.center else None, norm.epsilon)
         if y is not None:

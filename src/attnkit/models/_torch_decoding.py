@@ -6,9 +6,8 @@ eagerly, and there a SmolLM2 decoding step made ~400 sub-layer calls, ~270 varia
 scope checks and ~1900 Keras global-state look-ups: more Python time than transformers' whole step
 (docs/performance.md). This module runs the same step as one loop over the layers' tensors, calling
 the functions the layers call (`_fused.rms_norm`, `_fused.rotate`, `KVCache.update`,
-`grouped_query_attention` / `fused_attention`, torch's `linear` on the layout `_fused.linear` gives
-it) in the same order, so its logits and cache equal the layers' bit for bit
-(tests/models/test_causal_lm.py).
+`grouped_query_attention` / `fused_attention`, `_fused.torch_linear`) in the same order, so its
+logits and cache equal the layers' bit for bit (tests/models/test_causal_lm.py).
 
 It runs only where the layers' own calls would add nothing: every layer plain (not quantized, no
 LoRA, one dtype for variables and compute), no `keras.distribution` and no stateless scope (whose
@@ -110,11 +109,7 @@ class _Plan:
         self.final_norm = self._norm(model.final_norm)
         self.lm_head = None if model.lm_head is None else self._dense(model.lm_head)
         self.embeddings = None if model.lm_head is not None else self._tensor(model.embedding.embeddings)
-        # torch's CPU half-precision GEMM needs the (d_out, d_in) layout, which `_fused.linear` keeps per
-        # variable there (and only there).
-        kernel = self.layers[0].W_q[1]
-        half_on_cpu = model.compute_dtype in ("bfloat16", "float16") and kernel.device.type == "cpu"
-        self.linear = _half_linear if half_on_cpu else _linear
+        self.linear = _fused.torch_linear  # the GEMM `_fused.linear` runs, on the tensors read here
 
     def current(self):
         """Whether every layer and variable is still the one this plan read."""
@@ -134,17 +129,3 @@ class _Plan:
     def _dense(self, dense):
         """(kernel variable, kernel (d_in, d_out), bias (d_out,) or None) of a plain `Linear` without activation."""
         return dense.kernel, self._tensor(dense.kernel), None if dense.bias is None else self._tensor(dense.bias)
-
-
-def _linear(x, variable, kernel, bias):
-    """x kernel + bias as `_fused.linear` computes it: one GEMM on the kernel's transposed view."""
-    import torch.nn.functional as F
-
-    return F.linear(x, kernel.t(), bias)
-
-
-def _half_linear(x, variable, kernel, bias):
-    """As `_linear`, on the (d_out, d_in) copy `_fused` keeps for a half-precision variable."""
-    import torch.nn.functional as F
-
-    return F.linear(x, _fused._row_major(variable, kernel), bias)

@@ -11,10 +11,13 @@ the explicit `keras.ops` path, which gives the same numbers.
 Legend: B batch, h heads, T_q/T_k lengths, d_k/d_v widths.
 """
 
+import os
 import weakref
 
 import keras
 from keras import ops
+from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public names in Keras 3
+from keras.src.backend.common.variables import get_autocast_scope
 
 
 def memory_efficient():
@@ -112,25 +115,78 @@ def _torch(queries, keys, values, keep, causal, scale):
         return None
     if keep is not None and queries.device.type != "cpu":
         return _torch_accelerator(queries, keys, values, keep, scale)
+    if _bmm_takes(queries, keys, values):
+        return _torch_bmm(queries, keys, values, keep, causal, scale)
     # torch's CPU kernels already give zero output (and zero gradients) on rows with nothing to attend
     # to; without a keep-mask no row is empty (square causal keeps the diagonal).
     return F.scaled_dot_product_attention(queries, keys, values, attn_mask=keep, is_causal=causal, scale=scale)
 
 
+# Above this many bytes of bfloat16 scores the flash kernel runs (its memory grows as T, not T^2).
+BMM_SCORES_BYTES = 64 * 2**20
+
+
+def _bmm_takes(queries, keys, values):
+    """Whether `_torch_bmm` computes this attention: bfloat16 on the CPU, no autograd graph, queries,
+    keys and values with the same leading dimensions, and scores of at most BMM_SCORES_BYTES.
+
+    There torch's CPU flash kernel runs 2.5-3x slower than two batched GEMMs and a softmax (4.2 against
+    1.6 ms for B=16, h=8, T=128, d=64 on an AVX-512 EPYC; docs/decisions.md item 60). With autograd
+    the flash kernel stays: its backward does not keep the (T_q, T_k) weights.
+    """
+    import torch
+
+    if not (queries.dtype == keys.dtype == values.dtype == torch.bfloat16 and queries.device.type == "cpu"):
+        return False
+    if queries.dim() < 3 or not (queries.shape[:-2] == keys.shape[:-2] == values.shape[:-2]):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (queries, keys, values)):
+        return False
+    return 0 < queries.shape[:-1].numel() * keys.shape[-2] * 2 <= BMM_SCORES_BYTES
+
+
+def _torch_bmm(queries, keys, values, keep, causal, scale):
+    """softmax(scale * Q K^T, masked) V for bfloat16 torch tensors as two batched GEMMs.
+
+    Args: as `attention`, with queries (..., T_q, d_k), keys (..., T_k, d_k), values (..., T_k, d_v)
+    sharing their leading dimensions. The scores are the GEMM's bfloat16 output (accumulated in float32,
+    the scale applied before rounding); the softmax accumulates in float32. Masked scores take the
+    lowest finite bfloat16, and rows with nothing to attend to give zeros, as on the explicit path.
+    """
+    import torch
+
+    *lead, T_q, d_k = queries.shape
+    T_k, d_v = keys.shape[-2], values.shape[-1]
+    q, k, v = queries.reshape(-1, T_q, d_k), keys.reshape(-1, T_k, d_k), values.reshape(-1, T_k, d_v)
+    scores = torch.baddbmm(q.new_empty(q.shape[0], T_q, T_k), q, k.transpose(1, 2), beta=0, alpha=scale)
+    scores = scores.view(*lead, T_q, T_k)  # (..., T_q, T_k)
+    if causal:
+        keep = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril_()
+    if keep is not None:
+        scores.masked_fill_(keep.logical_not(), torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1).view(-1, T_q, T_k)
+    out = torch.bmm(weights, v).view(*lead, T_q, d_v)  # (..., T_q, d_v)
+    if keep is not None and not causal:
+        out.masked_fill_(keep.any(dim=-1, keepdim=True).logical_not(), 0)  # rows with no key
+    return out
+
+
 def _finite(*tensors):
-    """Whether the sum of all elements of these torch tensors, in float32, is finite (True for shapes
-    only traced on "meta").
+    """Whether the sum of all elements of these torch tensors is finite (True for shapes only traced on
+    "meta").
 
     A NaN or an infinity anywhere makes the sum NaN or infinite, so a finite sum proves every element
     finite, in one pass over each tensor (`isfinite(t).all()` took four: 5% of a 6-layer encoder's
-    time). The converse can fail: finite elements whose sum overflows float32 (magnitudes near 1e34)
-    read as non-finite, and the caller then takes the explicit path, which computes the same numbers.
+    time). The converse can fail: finite elements whose sum overflows float32's range (magnitudes near
+    1e34) read as non-finite, and the caller then takes the explicit path, which computes the same numbers.
     """
     import torch
 
     if any(t.device.type == "meta" for t in tensors):
         return True
-    return bool(torch.isfinite(sum(t.detach().sum(dtype=torch.float32) for t in tensors)))
+    # float32 and bfloat16 (float32's range) are summed in their own dtype, float16 (max 65504) in float32.
+    sums = (t.detach().sum(dtype=torch.float32 if t.dtype == torch.float16 else None) for t in tensors)
+    return bool(torch.isfinite(sum(s.float() for s in sums)))
 
 
 def _torch_accelerator(queries, keys, values, keep, scale):
@@ -200,27 +256,44 @@ def _tensor(v):
     return v.value if isinstance(v, keras.Variable) else v
 
 
-# id(variable) -> (weak reference to it, (id, version) of the value copied, the (d_out, d_in) copy).
-_ROW_MAJOR = {}
+# (tag, id of each variable) -> (weak references to the variables, their tensors' (id, version), value).
+_KEPT = {}
+
+
+def _kept(variables, tag, make):
+    """`make()`, a value computed from these Keras variables' tensors, kept between calls on torch.
+
+    Kept while no autograd graph is recorded through them and each variable still holds the same,
+    unchanged tensor: an assignment in place bumps the tensor's version, a new value is another tensor,
+    and either makes the value anew. A stateless scope (whose variables stand for other values) reads
+    through. Used for what a layer would otherwise recompute from its weights on every call: a
+    mixed-precision cast, the side-by-side [W_q | W_k | W_v], a half-precision transposed copy
+    (docs/decisions.md item 60). The memory is that of the value, for as long as the variables live.
+    """
+    import torch
+
+    stored = [v._value for v in variables]
+    if in_stateless_scope() or not all(isinstance(t, torch.Tensor) for t in stored):
+        return make()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in stored):
+        return make()  # the value is part of the graph
+    key = (tag, *map(id, variables))
+    stamp = tuple((id(t), t._version) for t in stored)
+    entry = _KEPT.get(key)
+    if entry is not None and entry[1] == stamp and all(ref() is v for ref, v in zip(entry[0], variables)):
+        return entry[2]
+    value = make()
+    refs = tuple(weakref.ref(v, lambda _, key=key: _KEPT.pop(key, None)) for v in variables)
+    _KEPT[key] = (refs, stamp, value)
+    return value
 
 
 def _row_major(variable, kernel):
     """`kernel.t().contiguous()`, the (d_out, d_in) layout of a (d_in, d_out) torch kernel; kept between
-    calls when `kernel` is the Keras `variable`'s own value and no autograd graph is being recorded.
-    An assignment (in place, bumping the tensor's version) or a new value makes a new copy."""
-    import torch
-
-    own = isinstance(variable, keras.Variable) and variable._value is kernel
-    if not own or (kernel.requires_grad and torch.is_grad_enabled()):
-        return kernel.t().contiguous()  # (d_out, d_in)
-    stamp = (id(kernel), kernel._version)
-    entry = _ROW_MAJOR.get(id(variable))
-    if entry is not None and entry[0]() is variable and entry[1] == stamp:
-        return entry[2]
-    copy = kernel.t().contiguous()  # (d_out, d_in)
-    key = id(variable)
-    _ROW_MAJOR[key] = (weakref.ref(variable, lambda _, key=key: _ROW_MAJOR.pop(key, None)), stamp, copy)
-    return copy
+    calls (`_kept`) when `kernel` is the Keras `variable`'s own value."""
+    if isinstance(variable, keras.Variable) and variable._value is kernel:
+        return _kept([variable], "row major", lambda: kernel.t().contiguous())
+    return kernel.t().contiguous()  # (d_out, d_in)
 
 
 def split_heads(x, h, d):
@@ -247,14 +320,24 @@ def merge_heads(x):
 
 
 def concat_last(tensors, dtype):
-    """The tensors or Keras variables `tensors` (..., n_i), cast to `dtype`, joined along the last axis."""
+    """The tensors or Keras variables `tensors` (..., n_i), cast to `dtype`, joined along the last axis;
+    on torch, for variables, kept between calls (`_kept`)."""
     if keras.backend.backend() == "torch":
         import torch
 
-        values = [_tensor(t) for t in tensors]
-        if all(isinstance(v, torch.Tensor) for v in values):
-            torch_dtype = getattr(torch, dtype)
-            return torch.cat([v.to(torch_dtype) for v in values], dim=-1)
+        def join():
+            values = [_tensor(t) for t in tensors]
+            if not all(isinstance(v, torch.Tensor) for v in values):
+                return None
+            return torch.cat([v.to(getattr(torch, dtype)) for v in values], dim=-1)
+
+        if all(isinstance(t, keras.Variable) for t in tensors):
+            scope = get_autocast_scope()
+            joined = _kept(tensors, ("joined", dtype, scope and scope.dtype), join)
+        else:
+            joined = join()
+        if joined is not None:
+            return joined
     return ops.concatenate([ops.cast(t, dtype) for t in tensors], axis=-1)
 
 
@@ -278,12 +361,12 @@ def split_last(x, sizes):
 
 
 def layer_norm(x, gamma, beta, epsilon):
-    """Layer normalization of `x` over its last axis on torch float32 tensors, or None (then Keras's
-    layer runs).
+    """Layer normalization of `x` over its last axis on torch tensors, in `x`'s dtype, or None (then
+    Keras's layer runs).
 
     It is the `torch.nn.functional.layer_norm` call keras.ops.layer_normalization itself makes on
-    torch, without its dispatch (12 calls in a 6-layer encoder). Half precision, which
-    Keras normalizes in float32, is left to Keras.
+    torch, without its dispatch (12 calls in a 6-layer encoder). Half precision is normalized in
+    float32 with float32 gamma and beta and cast back, as Keras's layer does under a mixed policy.
 
     Args:
         x: (..., d). gamma, beta: (d,) Keras variables or tensors, or None. epsilon: float.
@@ -293,10 +376,14 @@ def layer_norm(x, gamma, beta, epsilon):
     import torch
     import torch.nn.functional as F
 
-    if x.dtype != torch.float32:
-        return None
     gamma, beta = _tensor(gamma), _tensor(beta)
-    return F.layer_norm(x, x.shape[-1:], gamma, beta, epsilon)
+    if not all(p is None or (isinstance(p, torch.Tensor) and p.dtype == torch.float32) for p in (gamma, beta)):
+        return None
+    if x.dtype == torch.float32:
+        return F.layer_norm(x, x.shape[-1:], gamma, beta, epsilon)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return F.layer_norm(x.float(), x.shape[-1:], gamma, beta, epsilon).to(x.dtype)
+    return None
 
 
 def rms_norm(x, gamma, epsilon):
@@ -351,9 +438,13 @@ def times_transposed(x, weight):
     einsum runs a batched GEMM instead: 2.5x the time of the vocabulary projection at batch 8.
     """
     if _is_torch_tensor(x):
+        import torch
         import torch.nn.functional as F
 
-        return F.linear(x, _tensor(weight))
+        weight = _tensor(weight)
+        if _onednn_takes(x, weight, None):
+            return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "none")
+        return F.linear(x, weight)
     return ops.einsum("...d,vd->...v", x, weight)
 
 
@@ -371,14 +462,45 @@ def linear(x, kernel, bias, activation):
     if keras.backend.backend() != "torch":
         return None  # XLA (jax, tensorflow under tf.function) folds the bias add and picks the layout
     import torch
-    import torch.nn.functional as F
 
     variable = kernel
-    x, kernel, bias = _tensor(x), _tensor(kernel), _tensor(bias)
+    x, kernel, bias = _tensor(x), _variable_value(kernel), _variable_value(bias)
     operands = (x, kernel) if bias is None else (x, kernel, bias)
     if not all(isinstance(v, torch.Tensor) and v.dtype == x.dtype for v in operands) or not x.is_floating_point():
         return None
+    return torch_linear(x, variable, kernel, bias, activation)
+
+
+# Set ATTNKIT_ONEDNN=0 to run every torch projection through torch's default GEMM (`F.linear`).
+ONEDNN = os.environ.get("ATTNKIT_ONEDNN", "1") != "0"
+
+
+def torch_linear(x, variable, kernel, bias, activation=None):
+    """activation(x @ kernel + bias) for torch tensors of one floating dtype, in one GEMM.
+
+    float32 and bfloat16 products of two rows or more on the CPU run through oneDNN's linear
+    (`torch.ops.mkldnn._linear_pointwise`, the kernel torch's own compiler uses for frozen CPU
+    models), with the bias and the activation fused into it; under autograd (activation None or ReLU)
+    its backward's products run through it too (`_OneDNNLinear`). torch's default CPU GEMM for float32
+    is MKL's, which on AMD CPUs runs at AVX2 speed: 2.2x slower than oneDNN on an AVX-512 EPYC
+    (docs/decisions.md item 60). Elsewhere (single rows, other dtypes, GELU under autograd) one
+    `F.linear` on the kernel's transposed view.
+
+    Args:
+        x: (..., d_in). variable: the Keras variable `kernel` was read from, or `kernel` itself.
+        kernel: (d_in, d_out). bias: (d_out,) or None. activation: None, "relu" or "gelu".
+    """
+    import torch
+    import torch.nn.functional as F
+
     weight = kernel.t()  # (d_out, d_in), torch.nn.Linear's layout, as a view
+    if _onednn_takes(x, weight, bias):
+        if _records_graph(x, weight, bias):
+            if activation != "gelu":
+                return _OneDNNLinear.apply(x, kernel, bias, activation == "relu")
+        else:
+            # oneDNN reads the transposed view as fast as a contiguous (d_out, d_in) weight, in both dtypes.
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation or "none", [], "none")
     if weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type == "cpu":
         # torch's CPU half-precision GEMM runs ~30x slower on a row-major (d_in, d_out) operand than
         # on a (d_out, d_in) one (0.5 vs 15 GFLOP/s on a 2048x512x2048 bfloat16 product here). A
@@ -394,3 +516,101 @@ def linear(x, kernel, bias, activation):
     if activation == "gelu":
         return F.gelu(y)
     return y
+
+
+def _onednn_takes(x, weight, bias):
+    """Whether oneDNN's linear computes x weight^T + bias for these torch tensors, x (..., d_in) and
+    weight (d_out, d_in), contiguous or a transposed view of a contiguous (d_in, d_out) kernel: on the
+    CPU, float32 or bfloat16, and at least two rows (for one row torch's GEMV is as fast or faster)."""
+    import torch
+
+    if not (ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype):
+        return False
+    if not (x.dim() >= 2 and x.numel() >= 2 * x.shape[-1] > 0 and weight.dim() == 2):
+        return False
+    if not (weight.is_contiguous() or weight.t().is_contiguous()):
+        return False
+    return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and _has_onednn_linear()
+
+
+def _records_graph(*tensors):
+    """Whether autograd records an operation on these torch tensors (None entries ignored)."""
+    import torch
+
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _onednn_linear_class():
+    import torch
+
+    class OneDNNLinear(torch.autograd.Function):
+        """activation(x @ kernel + bias), activation None or ReLU, by oneDNN forward and backward.
+
+        oneDNN's linear operator has no backward of its own. The backward's products are linears too:
+        dX = dY kernel^T is a linear of dY with `kernel` as its (d_in, d_out) weight; dK = X^T dY a
+        linear of X^T with dY^T as weight. Under `create_graph` the backward runs torch's own
+        differentiable products instead, so second derivatives are torch's.
+        """
+
+        @staticmethod
+        def forward(ctx, x, kernel, bias, relu):
+            # x (..., d_in), kernel (d_in, d_out), bias (d_out,) or None -> (..., d_out)
+            y = torch.ops.mkldnn._linear_pointwise(x, kernel.t(), bias, "relu" if relu else "none", [], "none")
+            ctx.save_for_backward(x, kernel, y if relu else None)
+            ctx.relu = relu
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, kernel, y = ctx.saved_tensors
+            if ctx.relu:
+                grad = grad.masked_fill(y <= 0, 0)  # ReLU's gradient: 0 where the output is 0
+            grad_rows, x_rows = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (M, d_out), (M, d_in)
+            needs_x, needs_kernel, needs_bias, _ = ctx.needs_input_grad
+            if torch.is_grad_enabled():  # create_graph: differentiable products
+                grad_x = grad @ kernel.t() if needs_x else None
+                grad_kernel = x_rows.t() @ grad_rows if needs_kernel else None
+            else:
+                lp = torch.ops.mkldnn._linear_pointwise
+                grad_x = lp(grad, kernel, None, "none", [], "none") if needs_x else None  # (..., d_in)
+                grad_kernel = lp(x_rows.t(), grad_rows.t(), None, "none", [], "none") if needs_kernel else None  # (d_in, d_out)
+            grad_bias = grad_rows.sum(0) if needs_bias else None  # (d_out,)
+            return grad_x, grad_kernel, grad_bias, None
+
+    return OneDNNLinear
+
+
+class _LazyFunction:
+    """The autograd Function made on first use (torch is imported only on the torch backend)."""
+
+    def __init__(self, make):
+        self.make, self.function = make, None
+
+    def apply(self, *args):
+        if self.function is None:
+            self.function = self.make()
+        return self.function.apply(*args)
+
+
+_OneDNNLinear = _LazyFunction(_onednn_linear_class)
+
+
+def _has_onednn_linear():
+    import torch
+
+    return hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _variable_value(variable):
+    """A Keras variable's value, as `variable.value` reads it; `variable` itself if it is a tensor.
+
+    Inside a mixed-precision layer's call Keras casts a float32 variable to the compute dtype on every
+    read: a pass over the weights per call. On torch that cast is kept between calls (`_kept`), as
+    torch's autocast keeps its casts within one context.
+    """
+    if not isinstance(variable, keras.Variable):
+        return variable
+    scope = get_autocast_scope()
+    if keras.backend.backend() != "torch" or scope is None or scope.dtype is None or not variable._autocast:
+        return variable.value
+    return _kept([variable], ("cast", scope.dtype), lambda: variable.value)

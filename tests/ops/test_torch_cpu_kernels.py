@@ -1,0 +1,250 @@
+"""torch's CPU fast paths (docs/decisions.md item 60): oneDNN's linear forward and backward, the
+kept casts and joined kernels of mixed precision, and bfloat16 attention as two batched GEMMs.
+Each is checked against float64 NumPy, against the path it replaces, and for the cases where it
+must step aside. torch only: the other backends compile these products themselves.
+
+Legend: N rows, d_in input width, d_out output width.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import reference
+from backend_utils import BACKEND, to_numpy
+
+pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="torch's own CPU kernels")
+
+if BACKEND == "torch":
+    import torch
+
+    from attnkit.ops import _fused
+
+
+def _float64_linear(x, kernel, bias, activation):
+    y = x.astype(np.float64) @ kernel.astype(np.float64) + (0 if bias is None else bias.astype(np.float64))
+    return np.maximum(y, 0) if activation == "relu" else y
+
+
+@pytest.fixture
+def onednn_or_not(monkeypatch, request):
+    """Runs the test with oneDNN's linear enabled and disabled (`ATTNKIT_ONEDNN=0`'s switch)."""
+    monkeypatch.setattr(_fused, "ONEDNN", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("onednn_or_not", [True, False], indirect=True)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("shape", [(1, 7), (9, 7), (2, 5, 7)])
+def test_linear_without_autograd_equals_float64(rng, onednn_or_not, activation, shape):
+    x = rng.standard_normal(shape).astype("float32")
+    kernel, bias = rng.standard_normal((7, 13)).astype("float32"), rng.standard_normal(13).astype("float32")
+    with torch.no_grad():
+        got = _fused.torch_linear(*(torch.from_numpy(a) for a in (x, kernel, kernel, bias)), activation)
+    expected = _float64_linear(x, kernel, bias, activation)
+    if activation == "gelu":
+        expected = torch.nn.functional.gelu(torch.from_numpy(expected)).numpy()
+    assert got.dtype == torch.float32 and tuple(got.shape) == (*shape[:-1], 13)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=1e-5)
+
+
+def test_onednn_runs_where_it_should_and_only_there(rng):
+    x2, x1 = torch.randn(4, 7), torch.randn(1, 7)
+    kernel = torch.randn(7, 3)
+    weight = kernel.t()
+    assert _fused._onednn_takes(x2, weight, None) and not _fused._onednn_takes(x1, weight, None)  # one row: GEMV
+    assert not _fused._onednn_takes(x2.double(), weight.double(), None)  # float64: torch's own
+    assert not _fused._onednn_takes(x2.half(), weight.half(), None)
+    assert not _fused._onednn_takes(x2, torch.randn(7, 6)[:, ::2].t(), None)  # a kernel with gaps
+    with torch.backends.mkldnn.flags(enabled=False):  # the user switched oneDNN off
+        assert not _fused._onednn_takes(x2, weight, None)
+    kernel.requires_grad_(True)
+    y = _fused.torch_linear(x2, kernel, kernel, None, "relu")
+    assert "OneDNNLinear" in type(y.grad_fn).__name__
+    y = _fused.torch_linear(x2, kernel, kernel, None, "gelu")  # GELU under autograd: torch's own
+    assert "OneDNNLinear" not in type(y.grad_fn).__name__
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+@pytest.mark.parametrize("needs", ["all", "x only", "kernel only"])
+def test_onednn_gradients_equal_float64(rng, activation, needs):
+    x = rng.standard_normal((2, 5, 7)).astype("float32")
+    kernel = rng.standard_normal((7, 13)).astype("float32")
+    bias = rng.standard_normal(13).astype("float32")
+    x[0, 0] = 0  # a row whose pre-activations are exactly the bias
+    upstream = rng.standard_normal((2, 5, 13)).astype("float32")
+    xt, kt, bt = (torch.tensor(a, requires_grad=True) for a in (x, kernel, bias))
+    if needs == "x only":
+        kt.requires_grad_(False), bt.requires_grad_(False)
+    if needs == "kernel only":
+        xt.requires_grad_(False)
+    y = _fused.torch_linear(xt, kt, kt, bt, activation)
+    assert "OneDNNLinear" in type(y.grad_fn).__name__
+    y.backward(torch.from_numpy(upstream))
+    pre = _float64_linear(x, kernel, bias, None)
+    d_pre = upstream * (pre > 0) if activation == "relu" else upstream.astype(np.float64)
+    np.testing.assert_allclose(y.detach().numpy(), _float64_linear(x, kernel, bias, activation), atol=1e-5)
+    if needs != "kernel only":
+        np.testing.assert_allclose(xt.grad.numpy(), d_pre @ kernel.T, atol=1e-5)
+    else:
+        assert xt.grad is None
+    if needs != "x only":
+        np.testing.assert_allclose(kt.grad.numpy(), x.reshape(-1, 7).T.astype(np.float64) @ d_pre.reshape(-1, 13), atol=1e-4)
+        np.testing.assert_allclose(bt.grad.numpy(), d_pre.reshape(-1, 13).sum(0), atol=1e-5)
+    else:
+        assert kt.grad is None and bt.grad is None
+
+
+def test_onednn_second_derivatives_equal_torchs(rng):
+    x, kernel = (torch.tensor(rng.standard_normal(s).astype("float32"), requires_grad=True) for s in ((6, 5), (5, 4)))
+    ours, theirs = x.detach().clone().requires_grad_(True), kernel.detach().clone().requires_grad_(True)
+    y = _fused.torch_linear(x, kernel, kernel, None, "relu")
+    (grad_x,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+    grad_x.pow(2).sum().backward()
+    y_ref = torch.relu(ours @ theirs)
+    (grad_ref,) = torch.autograd.grad(y_ref.pow(2).sum(), ours, create_graph=True)
+    grad_ref.pow(2).sum().backward()
+    torch.testing.assert_close(grad_x, grad_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernel.grad, theirs.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_linear_is_close_to_float64(rng):
+    x = rng.standard_normal((16, 64)).astype("float32")
+    kernel, bias = (rng.standard_normal((64, 32)) / 8).astype("float32"), rng.standard_normal(32).astype("float32")
+    as_bf16 = [torch.from_numpy(a).bfloat16() for a in (x, kernel, bias)]
+    with torch.no_grad():
+        got = _fused.torch_linear(as_bf16[0], as_bf16[1], as_bf16[1], as_bf16[2], "relu")
+    assert got.dtype == torch.bfloat16
+    exact = _float64_linear(*(a.float().numpy() for a in as_bf16), "relu")  # the rounded inputs, exactly
+    np.testing.assert_allclose(got.float().numpy(), exact, rtol=2**-7, atol=2**-7)
+
+
+def _mixed_dense(rng, units=12):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        layer = keras.Sequential([keras.Input((6,)), __import__("attnkit").Linear(units)])
+    finally:
+        keras.config.set_dtype_policy("float32")
+    x = rng.standard_normal((5, 6)).astype("float32")
+    return layer, x
+
+
+def _bf16_reference(x, kernel, bias):
+    """The mixed-precision product: inputs and weights rounded to bfloat16, then the float64 product."""
+    rounded = [torch.from_numpy(np.asarray(a, "float32")).bfloat16().double().numpy() for a in (x, kernel, bias)]
+    return rounded[0] @ rounded[1] + rounded[2]
+
+
+def test_a_kept_mixed_precision_cast_follows_every_assignment(rng):
+    layer, x = _mixed_dense(rng)
+    dense = layer.layers[-1]
+    for step in range(3):
+        with torch.no_grad():
+            out = to_numpy(layer(x)).astype(np.float64)
+        np.testing.assert_allclose(out, _bf16_reference(x, dense.kernel.numpy(), dense.bias.numpy()), rtol=2**-7, atol=2**-6)
+        if step == 0:
+            dense.kernel.assign(dense.kernel.numpy() * -2.0)  # in place: the tensor's version moves
+        else:
+            dense.kernel._value = torch.nn.Parameter(torch.from_numpy(rng.standard_normal((6, 12)).astype("float32")))
+
+
+def test_mixed_precision_under_autograd_reaches_the_float32_variables(rng):
+    layer, x = _mixed_dense(rng)
+    with torch.no_grad():
+        layer(x)  # fills the kept cast
+    dense = layer.layers[-1]
+    loss = layer(x).float().sum()
+    loss.backward()
+    grad = dense.kernel.value.grad
+    assert grad is not None and grad.dtype == torch.float32
+    np.testing.assert_allclose(grad.numpy(), np.broadcast_to(x.sum(0)[:, None], (6, 12)), rtol=2**-6, atol=2**-5)
+
+
+def test_a_stateless_call_reads_its_own_values_not_the_kept_cast(rng):
+    layer, x = _mixed_dense(rng)
+    with torch.no_grad():
+        layer(x)
+        kernel, bias = rng.standard_normal((6, 12)).astype("float32"), rng.standard_normal(12).astype("float32")
+        by_value = {id(v): a for v, a in zip(layer.trainable_variables, (kernel, bias))}
+        values = [torch.from_numpy(by_value[id(v)]) for v in layer.trainable_variables]
+        out, _ = layer.stateless_call(values, [], x)
+    np.testing.assert_allclose(to_numpy(out).astype(np.float64), _bf16_reference(x, kernel, bias), rtol=2**-7, atol=2**-6)
+
+
+def test_the_joined_projection_kernel_follows_every_assignment(rng):
+    from attnkit import MultiHeadAttention
+
+    mha = MultiHeadAttention(2, 3, 3, 8)
+    x = rng.standard_normal((2, 4, 8)).astype("float32")
+    mha(x)
+    for _ in range(2):
+        with torch.no_grad():
+            out = to_numpy(mha(x))
+        q, k, v = (x @ d.kernel.numpy() + d.bias.numpy() for d in (mha.W_q, mha.W_k, mha.W_v))
+        heads = [reference.attention(*(p.reshape(2, 4, 2, 3).transpose(0, 2, 1, 3) for p in (q, k, v)))[0]]
+        merged = heads[0].transpose(0, 2, 1, 3).reshape(2, 4, 6)
+        np.testing.assert_allclose(out, merged @ mha.W_o.kernel.numpy() + mha.W_o.bias.numpy(), atol=1e-5)
+        mha.W_k.kernel.assign(rng.standard_normal((8, 6)).astype("float32"))
+
+
+def _bf16(rng, shape, scale=1.0):
+    return torch.from_numpy((rng.standard_normal(shape) * scale).astype("float32")).bfloat16()
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "mask with empty rows", "4d mask"])
+def test_bfloat16_attention_as_batched_gemms_is_close_to_float64(rng, case):
+    from attnkit.ops import fused_attention
+
+    q, k, v = _bf16(rng, (2, 3, 6, 8), 2.0), _bf16(rng, (2, 3, 6, 8), 2.0), _bf16(rng, (2, 3, 6, 5))
+    mask, causal = None, case == "causal"
+    if case == "mask with empty rows":
+        mask = rng.random((2, 1, 1, 6)) < 0.6  # (B, 1, 1, T_k)
+        mask[1] = False  # the second example sees no key at all
+    if case == "4d mask":
+        mask = rng.random((2, 3, 6, 6)) < 0.5
+        mask[0, 1, 2] = False
+    assert _fused._bmm_takes(q, k, v)
+    with torch.no_grad():
+        out = fused_attention(q, k, v, mask, causal=causal).float().numpy()
+    keep = reference.causal_keep(6, 6) if causal else (np.ones((6, 6), bool) if mask is None else mask)
+    expected = reference.attention(*(t.double().numpy() for t in (q, k, v)), np.broadcast_to(keep, (2, 3, 6, 6)))[0]
+    empty = ~np.broadcast_to(keep, (2, 3, 6, 6)).any(-1)
+    assert (out[empty] == 0).all()
+    # bfloat16 scores (|score| <= ~20 here: 2^-8 relative) and weights: about 2^-5 of |v| <= 4.
+    np.testing.assert_allclose(out, expected, rtol=0, atol=0.15)
+
+
+def test_bfloat16_attention_propagates_nan_and_steps_aside_under_autograd(rng):
+    from attnkit.ops import fused_attention
+
+    q, k, v = _bf16(rng, (1, 2, 4, 8)), _bf16(rng, (1, 2, 4, 8)), _bf16(rng, (1, 2, 4, 8))
+    k[0, 1, 2, 3] = float("nan")
+    with torch.no_grad():
+        out = fused_attention(q, k, v).float().numpy()
+    assert np.isnan(out[0, 1]).all() and np.isfinite(out[0, 0]).all()  # every query of head 1 reads key 2
+    q.requires_grad_(True)
+    assert not _fused._bmm_takes(q, k, v)  # the flash kernel's backward keeps no (T_q, T_k) weights
+
+
+def test_mixed_precision_sublayers_called_directly_equal_their_keras_calls(rng):
+    """Under a mixed-precision parent, call_sublayer skips `__call__` (the parent's autocast scope is the
+    one Keras would open); the encoder's output must equal running every sublayer through Keras."""
+    from attnkit import Encoder
+    from attnkit.layers import _sublayer
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        encoder = Encoder(20, 6, 2, 4, 4, 8, 16, 2, 0.0)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    ids = rng.integers(1, 20, (3, 6))
+    with torch.no_grad():
+        direct = to_numpy(encoder(ids))
+        original = _sublayer._keras_call_needed
+        try:
+            _sublayer._keras_call_needed = lambda layer, args, reads_cast_variables=True: True
+            through_keras = to_numpy(encoder(ids))
+        finally:
+            _sublayer._keras_call_needed = original
+    assert direct.dtype == through_keras.dtype
+    np.testing.assert_array_equal(direct, through_keras)
