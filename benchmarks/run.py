@@ -22,8 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LONG_T = 16384
 # workloads.WORKLOADS, run in every backend, then the T=LONG_T rows, one process per case (run.py
 # imports workloads only after choosing the backend).
-WORKLOAD_NAMES = ("mha", "encoder-float32", "encoder-bfloat16", "training-step", "embeddings", "encoder-families",
-                  "long-attention", "demo-time-to-99")
+WORKLOAD_NAMES = ("mha", "encoder-float32", "encoder-bfloat16", "training-step", "embeddings", "embeddings-bfloat16",
+                  "encoder-families", "long-attention", "demo-time-to-99")
 
 
 def long_sequence_rows(rounds, backends):

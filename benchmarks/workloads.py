@@ -215,26 +215,34 @@ def training_step(rounds):
                 "nn.Transformer + AdamW", times["torch"], 3 * forward, "model.train_on_batch")]
 
 
-def embeddings(rounds):
-    """Pretrained all-MiniLM-L6-v2 sentence embeddings, 256 sentences, batch 64, vs sentence-transformers."""
+def embeddings(rounds, policy="float32"):
+    """Pretrained all-MiniLM-L6-v2 sentence embeddings, 256 sentences, batch 64, vs sentence-transformers
+    (under `torch.autocast` for bfloat16, attnkit loaded under the `mixed_bfloat16` policy)."""
     from embeddings import sentences
     from sentence_transformers import SentenceTransformer
 
     texts, batch = sentences(256), 64
-    ours = attnkit.load_pretrained()
+    half = policy == "mixed_bfloat16"
+    keras.config.set_dtype_policy(policy)
+    try:
+        ours = attnkit.load_pretrained()
+    finally:
+        keras.config.set_dtype_policy("float32")
     theirs = SentenceTransformer(ours.path, device="cpu")
     warnings.simplefilter("ignore", UserWarning)
-    times = medians({
-        "attnkit": lambda: ours.encode(texts, batch_size=batch),
-        "torch": lambda: theirs.encode(texts, batch_size=batch, convert_to_numpy=True),
-    }, rounds)
+
+    def theirs_encode():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+            theirs.encode(texts, batch_size=batch, convert_to_numpy=True)
+
+    times = medians({"attnkit": lambda: ours.encode(texts, batch_size=batch), "torch": theirs_encode}, rounds)
     _, mask, _ = ours.tokenize(texts)
     lengths = np.sort(mask.sum(axis=1))[::-1]
     D, d_ff, n = 384, 1536, 6
     gflop = sum(n * layer_gflop(len(chunk), int(chunk[0]), int(chunk[0]), D, d_ff)
                 for chunk in (lengths[i:i + batch] for i in range(0, len(lengths), batch)))
-    return [row(f"MiniLM-L6 embeddings, {len(texts)} sentences, batch {batch}", "float32", times["attnkit"],
-                "sentence-transformers", times["torch"], gflop)]
+    return [row(f"MiniLM-L6 embeddings, {len(texts)} sentences, batch {batch}", "bfloat16" if half else "float32",
+                times["attnkit"], "sentence-transformers" + (" (autocast bf16)" if half else ""), times["torch"], gflop)]
 
 
 def encoder_families(rounds, count=256, d_model=384, n=6, batch=64):
@@ -297,6 +305,7 @@ WORKLOADS = {
     "encoder-bfloat16": lambda rounds: encoder(rounds, "mixed_bfloat16"),
     "training-step": lambda rounds: training_step(rounds),
     "embeddings": lambda rounds: embeddings(max(2, rounds // 2)),
+    "embeddings-bfloat16": lambda rounds: embeddings(max(2, rounds // 2), "mixed_bfloat16"),
     "encoder-families": lambda rounds: encoder_families(max(2, rounds // 2)),
     "demo-time-to-99": lambda rounds: demo_time_to_99(max(1, rounds - 1)),
 }

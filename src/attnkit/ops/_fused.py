@@ -563,6 +563,7 @@ def _onednn_linear_class():
         @staticmethod
         def backward(ctx, grad):
             x, kernel, y = ctx.saved_tensors
+            grad = grad.contiguous()  # the gradient of a sum arrives expanded, with strides of 0
             if ctx.relu:
                 grad = grad.masked_fill(y <= 0, 0)  # ReLU's gradient: 0 where the output is 0
             grad_rows, x_rows = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (M, d_out), (M, d_in)
