@@ -2,7 +2,8 @@
 
 A fraction of peak is only honest against the true ceiling. torch.mm alone is not it: on a 2-core
 AVX-512 EPYC, XLA's float32 GEMM ran the 6-layer encoder at a higher rate than torch.mm's own
-2048^3 product. So the peak of each dtype is the best of torch, XLA (jax), tensorflow (eager and
+2048^3 product, and oneDNN's linear in torch ran at 2.2x torch.mm's float32 rate. So the peak of
+each dtype is the best of torch (torch.mm and oneDNN's linear), XLA (jax), tensorflow (eager and
 XLA-compiled) and numpy, each timed here on the same (2048, 2048) @ (2048, 2048)^T product.
 
     python benchmarks/peak.py      # prints the CPU line and the per-engine table
@@ -43,6 +44,16 @@ def _torch(dtype, repeats):
     return median_seconds(lambda: torch.mm(a, b), warmup=1, repeats=repeats)
 
 
+def _torch_onednn(dtype, repeats):
+    """oneDNN's linear, the GEMM attnkit's torch projections run (docs/decisions.md item 60)."""
+    import torch
+
+    a = torch.randn(N, N, dtype=getattr(torch, dtype))
+    b = torch.randn(N, N, dtype=getattr(torch, dtype))
+    return median_seconds(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "none"),
+                          warmup=1, repeats=repeats)
+
+
 def _jax(dtype, repeats):
     import jax
     import jax.numpy as jnp
@@ -75,6 +86,7 @@ def _numpy(dtype, repeats):
 
 ENGINES = {
     "torch.mm": _torch,
+    "torch (oneDNN linear)": _torch_onednn,
     "jax (XLA)": _jax,
     "tensorflow": lambda dtype, repeats: _tensorflow(dtype, repeats, jit_compile=False),
     "tensorflow (XLA)": lambda dtype, repeats: _tensorflow(dtype, repeats, jit_compile=True),

@@ -94,6 +94,16 @@ def child_rows(backend, rounds, names):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def goal_cell(r, ratio, fraction):
+    """'>= 1.10x met', '>= 1.10x MISSED', with the fraction-of-peak goal where the row has one."""
+    parts = []
+    if r.get("goal") is not None:
+        parts.append(f">= {r['goal']:.2f}x {'met' if ratio >= r['goal'] else 'MISSED'}")
+    if r.get("peak_goal") is not None and fraction is not None:
+        parts.append(f">= {r['peak_goal']:.0%} of peak {'met' if fraction >= r['peak_goal'] else 'MISSED'}")
+    return "; ".join(parts)
+
+
 def table(rows, peaks):
     from timing import markdown_table
 
@@ -101,16 +111,17 @@ def table(rows, peaks):
     for r in rows:
         ours, theirs = r["attnkit_s"], r["anchor_s"]
         if ours is None:
-            lines.append([r["workload"], r["backend"], "", "", "", "", "", "", r["note"]])
+            lines.append([r["workload"], r["backend"], "", "", "", "", "", "", "", r["note"]])
             continue
         peak = peaks["bfloat16" if r["dtype"] == "bfloat16" else "float32"]
-        achieved = "" if r["gflop"] is None else f"{r['gflop'] / ours:.0f} ({r['gflop'] / ours / peak:.0%})"
+        fraction = None if r["gflop"] is None else r["gflop"] / ours / peak
+        achieved = "" if fraction is None else f"{r['gflop'] / ours:.0f} ({fraction:.0%})"
         lines.append([
             r["workload"], r["backend"], r["dtype"], f"{ours * 1e3:.1f}", r["anchor"], f"{theirs * 1e3:.1f}",
-            f"**{theirs / ours:.2f}x**", achieved, r["note"],
+            f"**{theirs / ours:.2f}x**", achieved, goal_cell(r, theirs / ours, fraction), r["note"],
         ])
     header = ["workload", "backend", "dtype", "attnkit ms", "anchor", "anchor ms", "anchor/attnkit",
-              "attnkit GFLOP/s (of peak)", "note"]
+              "attnkit GFLOP/s (of peak)", "goal", "note"]
     return markdown_table(header, lines)
 
 

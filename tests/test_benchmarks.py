@@ -41,9 +41,9 @@ def test_interleaved_medians_alternate_the_runs_and_take_medians(monkeypatch):
 def test_table_reports_anchor_over_attnkit_and_the_fraction_of_peak():
     rows = [
         dict(workload="MHA", backend="torch", dtype="float32", attnkit_s=0.2, anchor="keras", anchor_s=0.25,
-             gflop=30.0, note="n"),
+             gflop=30.0, note="n", goal=1.1),
         dict(workload="Encoder", backend="torch", dtype="bfloat16", attnkit_s=0.5, anchor="torch", anchor_s=0.4,
-             gflop=10.0, note=""),
+             gflop=10.0, note="", goal=1.1, peak_goal=0.4),
         dict(workload="(jax rows failed: boom)", backend="jax", dtype="", attnkit_s=None, anchor="", anchor_s=None,
              gflop=None, note=""),
     ]
@@ -52,6 +52,7 @@ def test_table_reports_anchor_over_attnkit_and_the_fraction_of_peak():
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
     assert cells[0][3:8] == ["200.0", "keras", "250.0", "**1.25x**", "150 (75%)"]  # 30 GFLOP in 0.2 s of 200
     assert cells[1][6:8] == ["**0.80x**", "20 (50%)"]  # bfloat16 rows against the bfloat16 peak
+    assert cells[0][8] == ">= 1.10x met" and cells[1][8] == ">= 1.10x MISSED; >= 40% of peak met"  # a missed goal says so
     assert cells[2][0] == "(jax rows failed: boom)" and cells[2][3] == ""
 
 
