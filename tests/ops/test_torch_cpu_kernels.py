@@ -40,7 +40,7 @@ def test_linear_without_autograd_equals_float64(rng, onednn_or_not, activation, 
     x = rng.standard_normal(shape).astype("float32")
     kernel, bias = rng.standard_normal((7, 13)).astype("float32"), rng.standard_normal(13).astype("float32")
     with torch.no_grad():
-        got = _fused.torch_linear(*(torch.from_numpy(a) for a in (x, kernel, kernel, bias)), activation)
+        got = _fused.torch_linear(*(torch.from_numpy(a) for a in (x, kernel, bias)), activation)
     expected = _float64_linear(x, kernel, bias, activation)
     if activation == "gelu":
         expected = torch.nn.functional.gelu(torch.from_numpy(expected)).numpy()
@@ -59,9 +59,9 @@ def test_onednn_runs_where_it_should_and_only_there(rng):
     with torch.backends.mkldnn.flags(enabled=False):  # the user switched oneDNN off
         assert not _fused._onednn_takes(x2, weight, None)
     kernel.requires_grad_(True)
-    y = _fused.torch_linear(x2, kernel, kernel, None, "relu")
+    y = _fused.torch_linear(x2, kernel, None, "relu")
     assert "OneDNNLinear" in type(y.grad_fn).__name__
-    y = _fused.torch_linear(x2, kernel, kernel, None, "gelu")  # GELU under autograd: torch's own
+    y = _fused.torch_linear(x2, kernel, None, "gelu")  # GELU under autograd: torch's own
     assert "OneDNNLinear" not in type(y.grad_fn).__name__
 
 
@@ -78,7 +78,7 @@ def test_onednn_gradients_equal_float64(rng, activation, needs):
         kt.requires_grad_(False), bt.requires_grad_(False)
     if needs == "kernel only":
         xt.requires_grad_(False)
-    y = _fused.torch_linear(xt, kt, kt, bt, activation)
+    y = _fused.torch_linear(xt, kt, bt, activation)
     assert "OneDNNLinear" in type(y.grad_fn).__name__
     y.backward(torch.from_numpy(upstream))
     pre = _float64_linear(x, kernel, bias, None)
@@ -98,7 +98,7 @@ def test_onednn_gradients_equal_float64(rng, activation, needs):
 def test_onednn_second_derivatives_equal_torchs(rng):
     x, kernel = (torch.tensor(rng.standard_normal(s).astype("float32"), requires_grad=True) for s in ((6, 5), (5, 4)))
     ours, theirs = x.detach().clone().requires_grad_(True), kernel.detach().clone().requires_grad_(True)
-    y = _fused.torch_linear(x, kernel, kernel, None, "relu")
+    y = _fused.torch_linear(x, kernel, None, "relu")
     (grad_x,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
     grad_x.pow(2).sum().backward()
     y_ref = torch.relu(ours @ theirs)
@@ -113,7 +113,7 @@ def test_bfloat16_linear_is_close_to_float64(rng):
     kernel, bias = (rng.standard_normal((64, 32)) / 8).astype("float32"), rng.standard_normal(32).astype("float32")
     as_bf16 = [torch.from_numpy(a).bfloat16() for a in (x, kernel, bias)]
     with torch.no_grad():
-        got = _fused.torch_linear(as_bf16[0], as_bf16[1], as_bf16[1], as_bf16[2], "relu")
+        got = _fused.torch_linear(as_bf16[0], as_bf16[1], as_bf16[2], "relu")
     assert got.dtype == torch.bfloat16
     exact = _float64_linear(*(a.float().numpy() for a in as_bf16), "relu")  # the rounded inputs, exactly
     np.testing.assert_allclose(got.float().numpy(), exact, rtol=2**-7, atol=2**-7)

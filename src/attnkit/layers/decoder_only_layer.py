@@ -14,7 +14,7 @@ import keras
 from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
 from attnkit.layers._shapes import weights_spec
 from attnkit.layers._sublayer import call_sublayer
-from attnkit.layers.multi_head_attention import MultiHeadAttention
+from attnkit.layers.multi_head_attention import SIDE_BY_SIDE, MultiHeadAttention, projection_path
 from attnkit.layers.residual import Residual
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.layers.swiglu import SwiGLUFeedForward
@@ -93,12 +93,16 @@ class DecoderOnlyLayer(keras.layers.Layer):
 
         def attend(normed):
             attention = self.attention
-            # Each projection on its own: MHA's side-by-side [W_k | W_v] product concatenates the two
-            # kernels on every call, which costs more than the product in a one-token decoding step.
-            q = apply_rotary(attention.project_queries(normed), cos, sin)  # (B, h, T, d_k)
-            k = _fused.split_heads(call_sublayer(attention.W_k, normed), self.num_kv_heads, self.d_k)  # (B, h_kv, T, d_k)
-            v = _fused.split_heads(call_sublayer(attention.W_v, normed), self.num_kv_heads, self.d_k)  # (B, h_kv, T, d_k)
-            k = apply_rotary(k, cos, sin)
+            projections = (attention.W_q, attention.W_k, attention.W_v)
+            if projection_path(projections, shared_input=True) == SIDE_BY_SIDE:
+                # One GEMM against the kept [W_q | W_k | W_v]: a decoding step's products are too small
+                # to keep the CPU busy one by one.
+                q, k, v = attention._project_together(normed, projections)
+            else:
+                q = attention.project_queries(normed)  # (B, h, T, d_k)
+                k = _fused.split_heads(call_sublayer(attention.W_k, normed), self.num_kv_heads, self.d_k)  # (B, h_kv, T, d_k)
+                v = _fused.split_heads(call_sublayer(attention.W_v, normed), self.num_kv_heads, self.d_k)  # (B, h_kv, T, d_k)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, h, T, d_k), (B, h_kv, T, d_k)
             if cache is not None:
                 k, v = cache.update(layer_index, k, v, start)  # (B, h_kv, S, d_k): every key so far
             out = self.attention.attend_projected(

@@ -156,11 +156,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         Returns:
             One (B, h, T, d) tensor per projection.
         """
-        dtype = self.compute_dtype
-        kernel = _fused.concat_last([d.kernel for d in projections], dtype)  # (d_in, sum h * d)
-        bias = _fused.concat_last([d.bias for d in projections], dtype) if self.use_bias else None  # (sum h * d,)
-        y = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, sum h * d)
-        parts = _fused.split_last(y, [d.units for d in projections])  # (B, T, h * d) each
+        parts = project_side_by_side(x, projections, self.compute_dtype)  # (B, T, h * d) each
         return [_fused.split_heads(part, self._heads(d), d.units // self._heads(d)) for part, d in zip(parts, projections)]  # (B, h, T, d)
 
     def project_keys_values(self, keys, values):
@@ -333,6 +329,23 @@ def attention_path(grouped, with_weights):
     if grouped:
         return GROUPED
     return EXPLICIT if with_weights else FUSED
+
+
+def project_side_by_side(x, projections, dtype):
+    """x (B, T, d_in) through Dense layers of one input as one matmul with their kernels side by side
+    ([W_q | W_k | W_v], [W_gate | W_up]), the joined kernel kept between calls (`_fused.concat_last`):
+    one pass over x and one larger GEMM instead of several. For paths chosen SIDE_BY_SIDE.
+
+    Returns:
+        One (B, T, units) tensor per projection, in order.
+    """
+    kernel = _fused.concat_last([d.kernel for d in projections], dtype)  # (d_in, sum units)
+    use_bias = [d.bias is not None for d in projections]
+    if any(use_bias) and not all(use_bias):
+        raise ValueError(f"`projections` must all have biases or none. Received: use_bias={use_bias}")
+    bias = _fused.concat_last([d.bias for d in projections], dtype) if all(use_bias) else None  # (sum units,)
+    y = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, sum units)
+    return _fused.split_last(y, [d.units for d in projections])
 
 
 def _plain(*projections):

@@ -13,6 +13,7 @@ from attnkit._validation import boolean, positive_int
 from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
+from attnkit.layers.multi_head_attention import SIDE_BY_SIDE, project_side_by_side, projection_path
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -56,9 +57,11 @@ class SwiGLUFeedForward(keras.layers.Layer):
 
     def call(self, x):
         check_built_width("x", x.shape, self.W_gate)
-        gate = ops.silu(call_sublayer(self.W_gate, x))  # (B, T, d_ff)
-        up = call_sublayer(self.W_up, x)  # (B, T, d_ff)
-        return call_sublayer(self.W_down, gate * up)  # (B, T, d_model)
+        if projection_path((self.W_gate, self.W_up), shared_input=True) == SIDE_BY_SIDE:
+            gate, up = project_side_by_side(x, (self.W_gate, self.W_up), self.compute_dtype)  # (B, T, d_ff) each
+        else:
+            gate, up = call_sublayer(self.W_gate, x), call_sublayer(self.W_up, x)  # (B, T, d_ff) each
+        return call_sublayer(self.W_down, ops.silu(gate) * up)  # (B, T, d_model)
 
     def compute_output_shape(self, x_shape):
         return tuple(x_shape[:-1]) + (self.d_model,)

@@ -6,7 +6,7 @@ eagerly, and there a SmolLM2 decoding step made ~400 sub-layer calls, ~270 varia
 scope checks and ~1900 Keras global-state look-ups: more Python time than transformers' whole step
 (docs/performance.md). This module runs the same step as one loop over the layers' tensors, calling
 the functions the layers call (`_fused.rms_norm`, `_fused.rotate`, `KVCache.update`,
-`grouped_query_attention` / `fused_attention`, `_fused.torch_linear`) in the same order, so its
+`grouped_query_attention` / `fused_attention`, `_fused.concat_last`, `_fused.torch_linear`) in the same order, so its
 logits and cache equal the layers' bit for bit (tests/models/test_causal_lm.py).
 
 It runs only where the layers' own calls would add nothing: every layer plain (not quantized, no
@@ -37,7 +37,7 @@ def forward(model, token_ids, cos, sin, keeps, causals, cache, start, last_only)
     plan = _plan(model)
     if plan is None:
         return None
-    linear = plan.linear
+    linear, dtype = _fused.torch_linear, plan.dtype
     x = model.embedding.call(token_ids)  # (B, T, d_model)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # (B, 1, T, d_k): once, not twice per layer
     h, h_kv, d_k, epsilon = model.h, model.num_kv_heads, model.d_k, model.epsilon
@@ -45,15 +45,20 @@ def forward(model, token_ids, cos, sin, keeps, causals, cache, start, last_only)
     for i, layer in enumerate(plan.layers):
         # x = x + Attention(RMSNorm(x))
         normed = _fused.rms_norm(x, layer.attention_norm, epsilon)
-        q = _fused.rotate(_fused.split_heads(linear(normed, *layer.W_q), h, d_k), cos, sin)  # (B, h, T, d_k)
-        k = _fused.rotate(_fused.split_heads(linear(normed, *layer.W_k), h_kv, d_k), cos, sin)  # (B, h_kv, T, d_k)
-        v = _fused.split_heads(linear(normed, *layer.W_v), h_kv, d_k)  # (B, h_kv, T, d_k)
+        # [W_q | W_k | W_v] side by side, kept by `concat_last` as the layer's own call keeps it.
+        qkv = linear(normed, _fused.concat_last(layer.W_qkv, dtype), _joined_bias(layer.W_qkv_bias, dtype))
+        q, k, v = _fused.split_last(qkv, layer.qkv_widths)  # (B, T, h * d_k), (B, T, h_kv * d_k) twice
+        q = _fused.rotate(_fused.split_heads(q, h, d_k), cos, sin)  # (B, h, T, d_k)
+        k = _fused.rotate(_fused.split_heads(k, h_kv, d_k), cos, sin)  # (B, h_kv, T, d_k)
+        v = _fused.split_heads(v, h_kv, d_k)  # (B, h_kv, T, d_k)
         k, v = cache.update(i, k, v, start)  # (B, h_kv, S, d_k)
         heads = attend(q, k, v, keeps[i], causal=causals[i], dropout=layer.dropout, training=False, seed=layer.seed)
         x = x + linear(_fused.merge_heads(heads), *layer.W_o)  # (B, T, d_model)
         # x = x + SwiGLU(RMSNorm(x))
         normed = _fused.rms_norm(x, layer.feed_forward_norm, epsilon)
-        gated = F.silu(linear(normed, *layer.W_gate)) * linear(normed, *layer.W_up)  # (B, T, d_ff)
+        gate_up = linear(normed, _fused.concat_last(layer.W_gate_up, dtype), _joined_bias(layer.W_gate_up_bias, dtype))
+        gate, up = _fused.split_last(gate_up, layer.gate_up_widths)  # (B, T, d_ff) each
+        gated = F.silu(gate) * up  # (B, T, d_ff)
         x = x + linear(gated, *layer.W_down)
     if last_only:
         x = x[:, -1:]  # (B, 1, d_model)
@@ -63,6 +68,11 @@ def forward(model, token_ids, cos, sin, keeps, causals, cache, start, last_only)
     else:
         logits = linear(x, *plan.lm_head)
     return keras.ops.cast(logits, "float32")
+
+
+def _joined_bias(biases, dtype):
+    """The kept side-by-side bias of joined projections, or None where they have none."""
+    return None if biases is None else _fused.concat_last(biases, dtype)
 
 
 def _plan(model):
@@ -99,17 +109,19 @@ class _Plan:
         self.layers = []
         for block in model.decoder_layers:
             attention, feed_forward = block.attention, block.feed_forward
+            qkv, gate_up = (attention.W_q, attention.W_k, attention.W_v), (feed_forward.W_gate, feed_forward.W_up)
             layer = types.SimpleNamespace(
                 attention_norm=self._norm(block.attention_block.norm), feed_forward_norm=self._norm(block.feed_forward_block.norm),
-                W_q=self._dense(attention.W_q), W_k=self._dense(attention.W_k), W_v=self._dense(attention.W_v),
-                W_o=self._dense(attention.W_o), W_gate=self._dense(feed_forward.W_gate), W_up=self._dense(feed_forward.W_up),
-                W_down=self._dense(feed_forward.W_down), dropout=attention.dropout, seed=attention.seed_generator,
+                W_qkv=self._kernels(qkv), W_qkv_bias=self._biases(qkv), qkv_widths=[d.units for d in qkv],
+                W_o=self._dense(attention.W_o), W_gate_up=self._kernels(gate_up), W_gate_up_bias=self._biases(gate_up),
+                gate_up_widths=[d.units for d in gate_up], W_down=self._dense(feed_forward.W_down),
+                dropout=attention.dropout, seed=attention.seed_generator,
             )
             self.layers.append(layer)
         self.final_norm = self._norm(model.final_norm)
         self.lm_head = None if model.lm_head is None else self._dense(model.lm_head)
         self.embeddings = None if model.lm_head is not None else self._tensor(model.embedding.embeddings)
-        self.linear = _fused.torch_linear  # the GEMM `_fused.linear` runs, on the tensors read here
+        self.dtype = self.policies[0].compute_dtype  # one for all: `plain`
 
     def current(self):
         """Whether every layer and variable is still the one this plan read."""
@@ -127,5 +139,20 @@ class _Plan:
         return self._tensor(norm.gamma)  # (d_model,)
 
     def _dense(self, dense):
-        """(kernel variable, kernel (d_in, d_out), bias (d_out,) or None) of a plain `Linear` without activation."""
-        return dense.kernel, self._tensor(dense.kernel), None if dense.bias is None else self._tensor(dense.bias)
+        """(kernel (d_in, d_out), bias (d_out,) or None) of a plain `Linear` without activation."""
+        return self._tensor(dense.kernel), None if dense.bias is None else self._tensor(dense.bias)
+
+    def _kernels(self, denses):
+        """The kernel variables of projections the step joins side by side (`concat_last` keeps the join
+        and follows their changes)."""
+        for dense in denses:
+            self._tensor(dense.kernel)
+        return [dense.kernel for dense in denses]
+
+    def _biases(self, denses):
+        """Their bias variables, or None where they have none."""
+        if any(dense.bias is None for dense in denses):
+            return None
+        for dense in denses:
+            self._tensor(dense.bias)
+        return [dense.bias for dense in denses]

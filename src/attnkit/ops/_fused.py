@@ -109,14 +109,14 @@ def project_from_heads(heads, kernel, bias):
 def _torch(queries, keys, values, keep, causal, scale):
     import torch.nn.functional as F
 
+    if _bmm_takes(queries, keys, values):
+        return _torch_bmm(queries, keys, values, keep, causal, scale)  # the explicit arithmetic: NaN propagates
     if not _finite(queries, keys, values):
         # torch's kernels lose NaN and Inf on some rows (a NaN query row, or a causal row whose only
         # key is NaN, comes out as zeros): the explicit path's arithmetic propagates them.
         return None
     if keep is not None and queries.device.type != "cpu":
         return _torch_accelerator(queries, keys, values, keep, scale)
-    if _bmm_takes(queries, keys, values):
-        return _torch_bmm(queries, keys, values, keep, causal, scale)
     # torch's CPU kernels already give zero output (and zero gradients) on rows with nothing to attend
     # to; without a keep-mask no row is empty (square causal keeps the diagonal).
     return F.scaled_dot_product_attention(queries, keys, values, attn_mask=keep, is_causal=causal, scale=scale)
@@ -127,18 +127,22 @@ BMM_SCORES_BYTES = 64 * 2**20
 
 
 def _bmm_takes(queries, keys, values):
-    """Whether `_torch_bmm` computes this attention: bfloat16 on the CPU, no autograd graph, queries,
-    keys and values with the same leading dimensions, and scores of at most BMM_SCORES_BYTES.
+    """Whether `_torch_bmm` computes this attention: bfloat16 on the CPU, no autograd graph, queries
+    (..., h, T_q, d_k) and keys and values (..., h_kv, T_k, d) with the same leading dimensions and
+    h_kv dividing h (grouped-query attention), and scores of at most BMM_SCORES_BYTES.
 
     There torch's CPU flash kernel runs 2.5-3x slower than two batched GEMMs and a softmax (4.2 against
-    1.6 ms for B=16, h=8, T=128, d=64 on an AVX-512 EPYC; docs/decisions.md item 60). With autograd
-    the flash kernel stays: its backward does not keep the (T_q, T_k) weights.
+    1.6 ms for B=16, h=8, T=128, d=64 on an AVX-512 EPYC), and 4.8x slower on a decoding step's single
+    query (0.46 against 0.10 ms for SmolLM2's B=8, h=9, h_kv=3, T_k=150; docs/decisions.md item 60).
+    With autograd the flash kernel stays: its backward does not keep the (T_q, T_k) weights.
     """
     import torch
 
     if not (queries.dtype == keys.dtype == values.dtype == torch.bfloat16 and queries.device.type == "cpu"):
         return False
-    if queries.dim() < 3 or not (queries.shape[:-2] == keys.shape[:-2] == values.shape[:-2]):
+    if queries.dim() < 3 or not (queries.shape[:-3] == keys.shape[:-3] == values.shape[:-3]):
+        return False
+    if not (keys.shape[-3] == values.shape[-3] and keys.shape[-3] > 0 and queries.shape[-3] % keys.shape[-3] == 0):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (queries, keys, values)):
         return False
@@ -148,24 +152,33 @@ def _bmm_takes(queries, keys, values):
 def _torch_bmm(queries, keys, values, keep, causal, scale):
     """softmax(scale * Q K^T, masked) V for bfloat16 torch tensors as two batched GEMMs.
 
-    Args: as `attention`, with queries (..., T_q, d_k), keys (..., T_k, d_k), values (..., T_k, d_v)
-    sharing their leading dimensions. The scores are the GEMM's bfloat16 output (accumulated in float32,
-    the scale applied before rounding); the softmax accumulates in float32. Masked scores take the
-    lowest finite bfloat16, and rows with nothing to attend to give zeros, as on the explicit path.
+    Args: as `attention`, with queries (..., h, T_q, d_k), keys (..., h_kv, T_k, d_k), values
+    (..., h_kv, T_k, d_v) sharing their leading dimensions, h_kv dividing h; query head j reads key
+    and value head j // (h / h_kv), as `repeat_kv` repeats them, without repeating them in memory.
+    The scores are the GEMM's bfloat16 output (accumulated in float32, the scale applied before
+    rounding); the softmax accumulates in float32. Masked scores take the lowest finite bfloat16,
+    and rows with nothing to attend to give zeros, as on the explicit path.
     """
     import torch
 
-    *lead, T_q, d_k = queries.shape
-    T_k, d_v = keys.shape[-2], values.shape[-1]
-    q, k, v = queries.reshape(-1, T_q, d_k), keys.reshape(-1, T_k, d_k), values.reshape(-1, T_k, d_v)
-    scores = torch.baddbmm(q.new_empty(q.shape[0], T_q, T_k), q, k.transpose(1, 2), beta=0, alpha=scale)
-    scores = scores.view(*lead, T_q, T_k)  # (..., T_q, T_k)
+    *lead, h, T_q, d_k = queries.shape
+    h_kv, T_k, d_v = keys.shape[-3], keys.shape[-2], values.shape[-1]
+    g = h // h_kv  # query heads per key/value head
+    # A group's g queries of T_q rows each read the same keys: one (g T_q, T_k) product per group.
+    q = queries.reshape(-1, g * T_q, d_k)  # (... h_kv, g T_q, d_k)
+    k, v = keys.reshape(-1, T_k, d_k), values.reshape(-1, T_k, d_v)  # (... h_kv, T_k, d)
+    scores = torch.baddbmm(q.new_empty(q.shape[0], g * T_q, T_k), q, k.transpose(1, 2), beta=0, alpha=scale)
+    scores = scores.view(*lead, h_kv, g, T_q, T_k)
     if causal:
         keep = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril_()
+    grouped_keep = None
     if keep is not None:
-        scores.masked_fill_(keep.logical_not(), torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1).view(-1, T_q, T_k)
-    out = torch.bmm(weights, v).view(*lead, T_q, d_v)  # (..., T_q, d_v)
+        keep = keep.reshape((1,) * (len(lead) + 3 - keep.dim()) + tuple(keep.shape))  # (..., h|1, T_q|1, T_k)
+        heads = keep.shape[-3]
+        grouped_keep = keep.unflatten(-3, (h_kv, g) if heads == h else (1, 1))  # (..., h_kv|1, g|1, T_q|1, T_k)
+        scores.masked_fill_(grouped_keep.logical_not(), torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1).view(-1, g * T_q, T_k)
+    out = torch.bmm(weights, v).view(*lead, h, T_q, d_v)  # (..., h, T_q, d_v)
     if keep is not None and not causal:
         out.masked_fill_(keep.any(dim=-1, keepdim=True).logical_not(), 0)  # rows with no key
     return out
@@ -288,12 +301,28 @@ def _kept(variables, tag, make):
     return value
 
 
-def _row_major(variable, kernel):
-    """`kernel.t().contiguous()`, the (d_out, d_in) layout of a (d_in, d_out) torch kernel; kept between
-    calls (`_kept`) when `kernel` is the Keras `variable`'s own value."""
-    if isinstance(variable, keras.Variable) and variable._value is kernel:
-        return _kept([variable], "row major", lambda: kernel.t().contiguous())
-    return kernel.t().contiguous()  # (d_out, d_in)
+def _row_major(kernel):
+    """`kernel.t().contiguous()`, the (d_out, d_in) layout of a (d_in, d_out) torch kernel.
+
+    Kept while `kernel` itself lives and is unchanged (its version counter; an assignment in place
+    bumps it) and no autograd graph runs through it: a variable's tensor, a kept mixed-precision cast
+    or a kept [W_q | W_k | W_v] are copied once, a kernel made anew per call is copied per call. The
+    memory is that of the kernel, for as long as the kernel lives (docs/decisions.md item 60).
+    """
+    import torch
+
+    if (torch.is_grad_enabled() and kernel.requires_grad) or type(kernel) not in (torch.Tensor, torch.nn.Parameter):
+        return kernel.t().contiguous()  # part of a graph, or a traced stand-in
+    key = id(kernel)
+    entry = _ROW_MAJOR.get(key)
+    if entry is not None and entry[0]() is kernel and entry[1] == kernel._version:
+        return entry[2]
+    value = kernel.t().contiguous()  # (d_out, d_in)
+    _ROW_MAJOR[key] = (weakref.ref(kernel, lambda _, key=key: _ROW_MAJOR.pop(key, None)), kernel._version, value)
+    return value
+
+
+_ROW_MAJOR = {}  # id(kernel) -> (weak reference to kernel, its version, its (d_out, d_in) copy)
 
 
 def split_heads(x, h, d):
@@ -463,19 +492,18 @@ def linear(x, kernel, bias, activation):
         return None  # XLA (jax, tensorflow under tf.function) folds the bias add and picks the layout
     import torch
 
-    variable = kernel
     x, kernel, bias = _tensor(x), _variable_value(kernel), _variable_value(bias)
     operands = (x, kernel) if bias is None else (x, kernel, bias)
     if not all(isinstance(v, torch.Tensor) and v.dtype == x.dtype for v in operands) or not x.is_floating_point():
         return None
-    return torch_linear(x, variable, kernel, bias, activation)
+    return torch_linear(x, kernel, bias, activation)
 
 
 # Set ATTNKIT_ONEDNN=0 to run every torch projection through torch's default GEMM (`F.linear`).
 ONEDNN = os.environ.get("ATTNKIT_ONEDNN", "1") != "0"
 
 
-def torch_linear(x, variable, kernel, bias, activation=None):
+def torch_linear(x, kernel, bias, activation=None):
     """activation(x @ kernel + bias) for torch tensors of one floating dtype, in one GEMM.
 
     float32 and bfloat16 products of two rows or more on the CPU run through oneDNN's linear
@@ -487,8 +515,7 @@ def torch_linear(x, variable, kernel, bias, activation=None):
     `F.linear` on the kernel's transposed view.
 
     Args:
-        x: (..., d_in). variable: the Keras variable `kernel` was read from, or `kernel` itself.
-        kernel: (d_in, d_out). bias: (d_out,) or None. activation: None, "relu" or "gelu".
+        x: (..., d_in). kernel: (d_in, d_out). bias: (d_out,) or None. activation: None, "relu" or "gelu".
     """
     import torch
     import torch.nn.functional as F
@@ -499,14 +526,17 @@ def torch_linear(x, variable, kernel, bias, activation=None):
             if activation != "gelu":
                 return _OneDNNLinear.apply(x, kernel, bias, activation == "relu")
         else:
-            # oneDNN reads the transposed view as fast as a contiguous (d_out, d_in) weight, in both dtypes.
+            if weight.dtype == torch.bfloat16:
+                # oneDNN's bfloat16 kernels read a contiguous (d_out, d_in) weight up to 1.4x faster than
+                # the transposed view for a few rows (decoding), and no slower for many; in float32 the
+                # view is the faster one (docs/decisions.md item 60).
+                weight = _row_major(kernel)
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation or "none", [], "none")
     if weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type == "cpu":
         # torch's CPU half-precision GEMM runs ~30x slower on a row-major (d_in, d_out) operand than
-        # on a (d_out, d_in) one (0.5 vs 15 GFLOP/s on a 2048x512x2048 bfloat16 product here). A
-        # kernel cast by autocast is a fresh tensor each call, and its copy costs what the cast did;
-        # a half-precision variable's own value is copied once and kept (`_row_major`).
-        weight = _row_major(variable, kernel)
+        # on a (d_out, d_in) one (0.5 vs 15 GFLOP/s on a 2048x512x2048 bfloat16 product here): the
+        # kernel is copied once and kept (`_row_major`).
+        weight = _row_major(kernel)
     # One addmm: the bias is added inside the GEMM instead of in a second pass over the output.
     y = F.linear(x, weight, bias)
     if activation == "relu":
@@ -518,15 +548,24 @@ def torch_linear(x, variable, kernel, bias, activation=None):
     return y
 
 
+# bfloat16 products of fewer rows than this run as torch's GEMM (`_onednn_takes`).
+ONEDNN_BFLOAT16_MIN_ROWS = 32
+
+
 def _onednn_takes(x, weight, bias):
     """Whether oneDNN's linear computes x weight^T + bias for these torch tensors, x (..., d_in) and
     weight (d_out, d_in), contiguous or a transposed view of a contiguous (d_in, d_out) kernel: on the
-    CPU, float32 or bfloat16, and at least two rows (for one row torch's GEMV is as fast or faster)."""
+    CPU, float32 with at least two rows (for one row torch's GEMV is as fast or faster) or bfloat16
+    with at least ONEDNN_BFLOAT16_MIN_ROWS."""
     import torch
 
     if not (ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype):
         return False
     if not (x.dim() >= 2 and x.numel() >= 2 * x.shape[-1] > 0 and weight.dim() == 2):
+        return False
+    if x.dtype == torch.bfloat16 and x.numel() < ONEDNN_BFLOAT16_MIN_ROWS * x.shape[-1]:
+        # A decoding step's few rows: torch's bfloat16 GEMM (oneDNN too, on a kept (d_out, d_in) copy)
+        # ran 1.1-1.3x faster than the linear primitive inside SmolLM2's step at batch 8.
         return False
     if not (weight.is_contiguous() or weight.t().is_contiguous()):
         return False

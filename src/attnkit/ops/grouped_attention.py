@@ -85,8 +85,6 @@ def _torch_gqa(queries, keys, values, mask, causal, scale):
     with nothing to attend to (`_fused`); the repeating path repairs both."""
     import torch.nn.functional as F
 
-    if not _fused._finite(queries, keys, values):
-        return None
     scores_shape = (*queries.shape[:-1], keys.shape[-2])
     scale = default_scale(queries, scale)
     q_len, k_len = queries.shape[-2], keys.shape[-2]
@@ -94,6 +92,11 @@ def _torch_gqa(queries, keys, values, mask, causal, scale):
         keep, fused_causal = None, True
     else:
         keep, fused_causal = keep_mask(mask, causal, scores_shape, (q_len, k_len)), False
+    if _fused._bmm_takes(queries, keys, values):
+        # bfloat16 on the CPU: the explicit path's arithmetic, in which NaN and Inf propagate.
+        return _fused._torch_bmm(queries, keys, values, keep, fused_causal, scale)
+    if not _fused._finite(queries, keys, values):
+        return None
     if keep is not None and queries.device.type != "cpu":
         return None
     # torch's CPU kernels give zero output on rows with nothing to attend to (docs/decisions.md item 14).
