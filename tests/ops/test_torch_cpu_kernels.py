@@ -226,6 +226,70 @@ def test_bfloat16_attention_propagates_nan_and_steps_aside_under_autograd(rng):
     assert not _fused._bmm_takes(q, k, v)  # the flash kernel's backward keeps no (T_q, T_k) weights
 
 
+@pytest.mark.parametrize("case", ["decoding step, padded batch", "causal prompt", "per-head mask", "no key"])
+def test_grouped_bfloat16_attention_reads_each_kv_head_once_and_is_close_to_float64(rng, case):
+    """h = 6 query heads over h_kv = 2 key/value heads, as `repeat_kv` pairs them (head j reads j // 3)."""
+    from attnkit.ops.grouped_attention import grouped_query_attention, repeat_kv
+
+    T_q = 1 if case.startswith("decoding") else 5
+    q, k, v = _bf16(rng, (2, 6, T_q, 8), 2.0), _bf16(rng, (2, 2, 5, 8), 2.0), _bf16(rng, (2, 2, 5, 4))
+    mask, causal = None, case == "causal prompt"
+    if case.startswith("decoding"):
+        mask = np.ones((2, 1, 1, 5), bool)
+        mask[1, ..., :2] = False  # the second prompt is left-padded by two
+    if case == "per-head mask":
+        mask = rng.random((2, 6, T_q, 5)) < 0.6
+    if case == "no key":
+        mask = np.ones((2, 1, T_q, 5), bool)
+        mask[0, 0, 3] = False
+    assert _fused._bmm_takes(q, k, v)
+    with torch.no_grad():
+        out = grouped_query_attention(q, k, v, mask, causal=causal).float().numpy()
+    keep = reference.causal_keep(T_q, 5) if causal else (np.ones((T_q, 5), bool) if mask is None else mask)
+    keep = np.broadcast_to(keep, (2, 6, T_q, 5))
+    repeated = [to_numpy(repeat_kv(t.double(), 3)) for t in (k, v)]  # (2, 6, 5, d)
+    expected = reference.attention(q.double().numpy(), *repeated, keep)[0]
+    assert out.shape == (2, 6, T_q, 4) and (out[~keep.any(-1)] == 0).all()
+    np.testing.assert_allclose(out, expected, rtol=0, atol=0.15)
+
+
+def test_grouped_bfloat16_attention_propagates_nan(rng):
+    from attnkit.ops.grouped_attention import grouped_query_attention
+
+    q, k, v = _bf16(rng, (1, 4, 1, 8)), _bf16(rng, (1, 2, 3, 8)), _bf16(rng, (1, 2, 3, 8))
+    v[0, 1, 0, 0] = float("nan")  # read by query heads 2 and 3 only
+    with torch.no_grad():
+        out = grouped_query_attention(q, k, v).float().numpy()
+    assert np.isnan(out[0, 2:, 0, 0]).all() and np.isfinite(out[0, :2]).all()
+
+
+def test_a_kept_row_major_copy_follows_its_kernel(rng):
+    kernel = torch.from_numpy(rng.standard_normal((7, 5)).astype("float32")).bfloat16()
+    with torch.no_grad():
+        first = _fused._row_major(kernel)
+        assert first.is_contiguous() and torch.equal(first, kernel.t()) and _fused._row_major(kernel) is first
+        kernel.mul_(-2)  # in place: the version moves
+        second = _fused._row_major(kernel)
+        assert second is not first and torch.equal(second, kernel.t())
+    kernel.requires_grad_(True)
+    graph = _fused._row_major(kernel)  # under autograd: part of the graph, not kept
+    assert graph.requires_grad and graph is not second
+    count = len(_fused._ROW_MAJOR)
+    del kernel, graph
+    assert len(_fused._ROW_MAJOR) == count - 1  # gone with its kernel
+
+
+@pytest.mark.parametrize("rows", [1, 8, 31, 32, 64])
+def test_bfloat16_products_of_few_rows_run_as_torchs_gemm_and_equal_float64(rng, rows):
+    x = torch.from_numpy(rng.standard_normal((rows, 24)).astype("float32")).bfloat16()
+    kernel = torch.from_numpy((rng.standard_normal((24, 40)) / 4).astype("float32")).bfloat16()
+    assert _fused._onednn_takes(x, kernel.t(), None) == (rows >= _fused.ONEDNN_BFLOAT16_MIN_ROWS)
+    with torch.no_grad():
+        got = _fused.torch_linear(x, kernel, None).float().numpy()
+    exact = x.double().numpy() @ kernel.double().numpy()
+    np.testing.assert_allclose(got, exact, rtol=2**-7, atol=2**-7)
+
+
 def test_mixed_precision_sublayers_called_directly_equal_their_keras_calls(rng):
     """Under a mixed-precision parent, call_sublayer skips `__call__` (the parent's autocast scope is the
     one Keras would open); the encoder's output must equal running every sublayer through Keras."""
