@@ -312,3 +312,21 @@ def test_mixed_precision_sublayers_called_directly_equal_their_keras_calls(rng):
             _sublayer._keras_call_needed = original
     assert direct.dtype == through_keras.dtype
     np.testing.assert_array_equal(direct, through_keras)
+
+
+def test_layers_built_and_called_under_inference_mode_keep_nothing_and_compute_the_same(rng):
+    """Tensors made under torch.inference_mode have no version counter: nothing made from them is kept."""
+    from attnkit import MultiHeadAttention
+
+    x = rng.standard_normal((2, 3, 8)).astype("float32")
+    with torch.inference_mode():
+        mha = MultiHeadAttention(2, 4, 4, 8, num_kv_heads=1, dtype="bfloat16")
+        first = mha(x)
+        mha.W_q.kernel.assign(mha.W_q.kernel.numpy() * -1.0)
+        second = mha(x)
+        kernel = torch.randn(5, 4).bfloat16()
+        got = _fused.torch_linear(torch.ones(2, 5).bfloat16(), kernel, None).double()
+        torch.testing.assert_close(got, kernel.double().sum(0).expand(2, 4), rtol=2**-7, atol=2**-7)
+    assert not torch.equal(first, second)  # the assignment is seen
+    with torch.no_grad():
+        assert torch.equal(mha(x), second)

@@ -290,6 +290,8 @@ def _kept(variables, tag, make):
         return make()
     if torch.is_grad_enabled() and any(t.requires_grad for t in stored):
         return make()  # the value is part of the graph
+    if any(t.is_inference() for t in stored):
+        return make()  # made under torch.inference_mode: no version counter tells an assignment
     key = (tag, *map(id, variables))
     stamp = tuple((id(t), t._version) for t in stored)
     entry = _KEPT.get(key)
@@ -313,6 +315,8 @@ def _row_major(kernel):
 
     if (torch.is_grad_enabled() and kernel.requires_grad) or type(kernel) not in (torch.Tensor, torch.nn.Parameter):
         return kernel.t().contiguous()  # part of a graph, or a traced stand-in
+    if kernel.is_inference():
+        return kernel.t().contiguous()  # made under torch.inference_mode: no version counter to follow
     key = id(kernel)
     entry = _ROW_MAJOR.get(key)
     if entry is not None and entry[0]() is kernel and entry[1] == kernel._version:
