@@ -330,3 +330,66 @@ def test_layers_built_and_called_under_inference_mode_keep_nothing_and_compute_t
     assert not torch.equal(first, second)  # the assignment is seen
     with torch.no_grad():
         assert torch.equal(mha(x), second)
+
+
+def test_grouped_bfloat16_attention_keeps_its_scores_in_float32():
+    """Scores near 200 are 1.0 apart in bfloat16: rounded, 200.5 and 200 would weigh the same."""
+    from attnkit.ops.grouped_attention import grouped_query_attention
+
+    q = torch.tensor([1.0, 1.0]).bfloat16().expand(1, 2, 1, 2)  # h = 2
+    k = torch.tensor([[100.0, 100.5], [100.0, 100.0]]).bfloat16()[None, None]  # h_kv = 1: scores 200.5, 200
+    v = torch.tensor([[1.0], [0.0]]).bfloat16()[None, None]
+    assert _fused._bmm_takes(q, k, v)
+    with torch.no_grad():
+        out = grouped_query_attention(q, k, v, scale=1.0).float().numpy()
+    np.testing.assert_allclose(out, 1 / (1 + np.exp(-0.5)), rtol=2**-7)
+
+
+def test_a_value_of_nan_on_a_row_with_no_key_propagates_as_on_the_explicit_path():
+    from attnkit.ops import fused_attention, scaled_dot_product_attention
+
+    q, k, v = torch.ones(1, 1, 2, 4).bfloat16(), torch.ones(1, 1, 3, 4).bfloat16(), torch.ones(1, 1, 3, 4).bfloat16()
+    v[0, 0, 1, 0] = float("nan")
+    mask = np.array([[True, True, True], [False, False, False]])  # the second query sees no key
+    with torch.no_grad():
+        fused = fused_attention(q, k, v, mask).float().numpy()
+        explicit = scaled_dot_product_attention(q, k, v, mask)[0].float().numpy()
+    np.testing.assert_array_equal(np.isnan(fused), np.isnan(explicit))
+    np.testing.assert_array_equal(fused[~np.isnan(fused)], explicit[~np.isnan(explicit)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kept_joins_and_copies_follow_data_assigned_under_the_same_tensor(rng, dtype):
+    """`param.data = ...` (Module.to, vector_to_parameters) changes neither the tensor nor its version."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    from attnkit.layers.swiglu import SwiGLUFeedForward
+
+    layer = SwiGLUFeedForward(d_ff=16, d_model=8, dtype=dtype)
+    layer.build((1, 3, 8))
+    x = torch.from_numpy(rng.standard_normal((1, 3, 8)).astype("float32")).to(getattr(torch, dtype))
+    with torch.no_grad():
+        layer(x)  # keeps the join and its copies
+        vector = parameters_to_vector(layer.parameters())
+        vector_to_parameters(torch.from_numpy(rng.standard_normal(vector.shape).astype("float32")).to(vector.dtype), layer.parameters())
+        got = layer(x).double().numpy()
+    W = {name: getattr(layer, name).kernel.numpy().astype(np.float64) for name in ("W_gate", "W_up", "W_down")}
+    x64 = x.double().numpy()
+    gate = x64 @ W["W_gate"]
+    expected = (gate / (1 + np.exp(-gate)) * (x64 @ W["W_up"])) @ W["W_down"]
+    tolerance = 1e-4 if dtype == "float32" else 0.1
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+
+
+def test_what_is_kept_under_inference_mode_serves_a_later_backward_through_frozen_weights(rng):
+    from attnkit.layers.swiglu import SwiGLUFeedForward
+
+    layer = SwiGLUFeedForward(d_ff=16, d_model=8, dtype="bfloat16")
+    layer.build((2, 3, 8))
+    layer.trainable = False
+    x = torch.from_numpy(rng.standard_normal((2, 3, 8)).astype("float32")).bfloat16()
+    with torch.inference_mode():
+        layer(x)
+    inputs = x.clone().requires_grad_(True)
+    layer(inputs).float().sum().backward()
+    assert inputs.grad is not None and torch.isfinite(inputs.grad).all()

@@ -122,19 +122,21 @@ def _torch(queries, keys, values, keep, causal, scale):
     return F.scaled_dot_product_attention(queries, keys, values, attn_mask=keep, is_causal=causal, scale=scale)
 
 
-# Above this many bytes of bfloat16 scores the flash kernel runs (its memory grows as T, not T^2).
-BMM_SCORES_BYTES = 64 * 2**20
+# Up to this many query rows per key/value head (h / h_kv heads x T_q queries) the bfloat16 attention
+# is two batched GEMMs (`_torch_bmm`), above it torch's flash kernel.
+BMM_MAX_ROWS = 32
 
 
 def _bmm_takes(queries, keys, values):
     """Whether `_torch_bmm` computes this attention: bfloat16 on the CPU, no autograd graph, queries
     (..., h, T_q, d_k) and keys and values (..., h_kv, T_k, d) with the same leading dimensions and
-    h_kv dividing h (grouped-query attention), and scores of at most BMM_SCORES_BYTES.
+    h_kv dividing h (grouped-query attention), and at most BMM_MAX_ROWS query rows per key/value head.
 
-    There torch's CPU flash kernel runs 2.5-3x slower than two batched GEMMs and a softmax (4.2 against
-    1.6 ms for B=16, h=8, T=128, d=64 on an AVX-512 EPYC), and 4.8x slower on a decoding step's single
-    query (0.46 against 0.10 ms for SmolLM2's B=8, h=9, h_kv=3, T_k=150; docs/decisions.md item 60).
-    With autograd the flash kernel stays: its backward does not keep the (T_q, T_k) weights.
+    A decoding step's few queries are where torch's CPU flash kernel loses most: 0.46 ms for SmolLM2's
+    B=8, h=9, h_kv=3, T_q=1, T_k=150, against 0.11 ms as two batched GEMMs. For a whole sequence
+    (B=16, h=8, T=128) the float32 scores' GEMM runs slower than the flash kernel (7.6 against 4.2 ms),
+    which keeps it (docs/decisions.md item 60). With autograd the flash kernel stays: its backward
+    does not keep the (T_q, T_k) weights.
     """
     import torch
 
@@ -146,7 +148,8 @@ def _bmm_takes(queries, keys, values):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (queries, keys, values)):
         return False
-    return 0 < queries.shape[:-1].numel() * keys.shape[-2] * 2 <= BMM_SCORES_BYTES
+    rows = queries.shape[-3] // keys.shape[-3] * queries.shape[-2]
+    return 0 < rows <= BMM_MAX_ROWS and queries.numel() > 0 and keys.shape[-2] > 0
 
 
 def _torch_bmm(queries, keys, values, keep, causal, scale):
@@ -155,9 +158,10 @@ def _torch_bmm(queries, keys, values, keep, causal, scale):
     Args: as `attention`, with queries (..., h, T_q, d_k), keys (..., h_kv, T_k, d_k), values
     (..., h_kv, T_k, d_v) sharing their leading dimensions, h_kv dividing h; query head j reads key
     and value head j // (h / h_kv), as `repeat_kv` repeats them, without repeating them in memory.
-    The scores are the GEMM's bfloat16 output (accumulated in float32, the scale applied before
-    rounding); the softmax accumulates in float32. Masked scores take the lowest finite bfloat16,
-    and rows with nothing to attend to give zeros, as on the explicit path.
+    The scores and the softmax are float32, as in the explicit path and torch's flash kernel (bfloat16
+    scores lose up to half a unit at |score| ~ 200); the weights are rounded to bfloat16 for the
+    product with V, as the flash kernel rounds them. The explicit path's arithmetic: NaN and Inf
+    propagate, and rows with nothing to attend to have zero weights.
     """
     import torch
 
@@ -165,23 +169,22 @@ def _torch_bmm(queries, keys, values, keep, causal, scale):
     h_kv, T_k, d_v = keys.shape[-3], keys.shape[-2], values.shape[-1]
     g = h // h_kv  # query heads per key/value head
     # A group's g queries of T_q rows each read the same keys: one (g T_q, T_k) product per group.
-    q = queries.reshape(-1, g * T_q, d_k)  # (... h_kv, g T_q, d_k)
-    k, v = keys.reshape(-1, T_k, d_k), values.reshape(-1, T_k, d_v)  # (... h_kv, T_k, d)
+    q = queries.reshape(-1, g * T_q, d_k).float()  # (... h_kv, g T_q, d_k)
+    k, v = keys.reshape(-1, T_k, d_k).float(), values.reshape(-1, T_k, d_v)  # (... h_kv, T_k, d)
     scores = torch.baddbmm(q.new_empty(q.shape[0], g * T_q, T_k), q, k.transpose(1, 2), beta=0, alpha=scale)
     scores = scores.view(*lead, h_kv, g, T_q, T_k)
     if causal:
         keep = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril_()
-    grouped_keep = None
     if keep is not None:
         keep = keep.reshape((1,) * (len(lead) + 3 - keep.dim()) + tuple(keep.shape))  # (..., h|1, T_q|1, T_k)
         heads = keep.shape[-3]
-        grouped_keep = keep.unflatten(-3, (h_kv, g) if heads == h else (1, 1))  # (..., h_kv|1, g|1, T_q|1, T_k)
-        scores.masked_fill_(grouped_keep.logical_not(), torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1).view(-1, g * T_q, T_k)
-    out = torch.bmm(weights, v).view(*lead, h, T_q, d_v)  # (..., h, T_q, d_v)
+        keep = keep.unflatten(-3, (h_kv, g) if heads == h else (1, 1))  # (..., h_kv|1, g|1, T_q|1, T_k)
+        scores.masked_fill_(keep.logical_not(), float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (..., h_kv, g, T_q, T_k); NaN on rows with no key
     if keep is not None and not causal:
-        out.masked_fill_(keep.any(dim=-1, keepdim=True).logical_not(), 0)  # rows with no key
-    return out
+        weights.masked_fill_(keep.any(dim=-1, keepdim=True).logical_not(), 0)  # rows with no key
+    weights = weights.to(values.dtype).view(-1, g * T_q, T_k)
+    return torch.bmm(weights, v).view(*lead, h, T_q, d_v)  # (..., h, T_q, d_v)
 
 
 def _finite(*tensors):
@@ -277,39 +280,66 @@ def _kept(variables, tag, make):
     """`make()`, a value computed from these Keras variables' tensors, kept between calls on torch.
 
     Kept while no autograd graph is recorded through them and each variable still holds the same,
-    unchanged tensor: an assignment in place bumps the tensor's version, a new value is another tensor,
-    and either makes the value anew. A stateless scope (whose variables stand for other values) reads
-    through. Used for what a layer would otherwise recompute from its weights on every call: a
-    mixed-precision cast, the side-by-side [W_q | W_k | W_v], a half-precision transposed copy
-    (docs/decisions.md item 60). The memory is that of the value, for as long as the variables live.
+    unchanged tensor (`_stamp`: an assignment in place, a new tensor, or new data under the same
+    tensor each make the value anew). A stateless scope (whose variables stand for other values)
+    reads through. Used for what a layer would otherwise recompute from its weights on every call: a
+    mixed-precision cast, the side-by-side [W_q | W_k | W_v] (docs/decisions.md item 60). The memory
+    is that of the value, for as long as the variables live.
     """
     import torch
 
     stored = [v._value for v in variables]
-    if in_stateless_scope() or not all(isinstance(t, torch.Tensor) for t in stored):
-        return make()
+    if in_stateless_scope() or not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in stored):
+        return make()  # other values, or traced stand-ins
     if torch.is_grad_enabled() and any(t.requires_grad for t in stored):
         return make()  # the value is part of the graph
     if any(t.is_inference() for t in stored):
         return make()  # made under torch.inference_mode: no version counter tells an assignment
     key = (tag, *map(id, variables))
-    stamp = tuple((id(t), t._version) for t in stored)
     entry = _KEPT.get(key)
-    if entry is not None and entry[1] == stamp and all(ref() is v for ref, v in zip(entry[0], variables)):
+    if entry is not None and all(ref() is v for ref, v in zip(entry[0], variables)) and _current(entry[1], stored):
         return entry[2]
-    value = make()
+    value = _made_outside_inference_mode(make)
     refs = tuple(weakref.ref(v, lambda _, key=key: _KEPT.pop(key, None)) for v in variables)
-    _KEPT[key] = (refs, stamp, value)
+    _KEPT[key] = (refs, [_stamp(t) for t in stored], value)
     return value
+
+
+def _stamp(t):
+    """What identifies a torch tensor's current values: the tensor (weakly), its version counter (an
+    in-place change bumps it), and its storage, held so that its address cannot be reused: assigning
+    `.data` (as `Module.to` and `vector_to_parameters` do) changes neither the tensor nor its version."""
+    return weakref.ref(t), t._version, t.untyped_storage(), t.storage_offset(), t.shape, t.stride()
+
+
+def _current(stamps, tensors):
+    """Whether each tensor is the one its stamp was taken of, with the same values."""
+    for (ref, version, storage, offset, shape, stride), t in zip(stamps, tensors):
+        if ref() is not t or t._version != version or t.untyped_storage()._cdata != storage._cdata:
+            return False
+        if t.storage_offset() != offset or t.shape != shape or t.stride() != stride:
+            return False
+    return True
+
+
+def _made_outside_inference_mode(make):
+    """`make()`, as a normal tensor even under torch.inference_mode: a kept inference tensor could not
+    be saved for a later backward (frozen weights under autograd)."""
+    import torch
+
+    if not torch.is_inference_mode_enabled():
+        return make()
+    with torch.inference_mode(False), torch.no_grad():
+        return make()
 
 
 def _row_major(kernel):
     """`kernel.t().contiguous()`, the (d_out, d_in) layout of a (d_in, d_out) torch kernel.
 
-    Kept while `kernel` itself lives and is unchanged (its version counter; an assignment in place
-    bumps it) and no autograd graph runs through it: a variable's tensor, a kept mixed-precision cast
-    or a kept [W_q | W_k | W_v] are copied once, a kernel made anew per call is copied per call. The
-    memory is that of the kernel, for as long as the kernel lives (docs/decisions.md item 60).
+    Kept while `kernel` itself lives with the same values (`_stamp`) and no autograd graph runs
+    through it: a variable's tensor, a kept mixed-precision cast or a kept [W_q | W_k | W_v] are
+    copied once, a kernel made anew per call is copied per call. The memory is that of the kernel,
+    for as long as the kernel lives (docs/decisions.md item 60).
     """
     import torch
 
@@ -319,14 +349,16 @@ def _row_major(kernel):
         return kernel.t().contiguous()  # made under torch.inference_mode: no version counter to follow
     key = id(kernel)
     entry = _ROW_MAJOR.get(key)
-    if entry is not None and entry[0]() is kernel and entry[1] == kernel._version:
-        return entry[2]
-    value = kernel.t().contiguous()  # (d_out, d_in)
-    _ROW_MAJOR[key] = (weakref.ref(kernel, lambda _, key=key: _ROW_MAJOR.pop(key, None)), kernel._version, value)
+    if entry is not None and _current([entry[0]], [kernel]):
+        return entry[1]
+    value = _made_outside_inference_mode(lambda: kernel.t().contiguous())  # (d_out, d_in)
+    if entry is None or entry[0][0]() is not kernel:
+        weakref.finalize(kernel, _ROW_MAJOR.pop, key, None)  # once per kernel: gone with it
+    _ROW_MAJOR[key] = (_stamp(kernel), value)
     return value
 
 
-_ROW_MAJOR = {}  # id(kernel) -> (weak reference to kernel, its version, its (d_out, d_in) copy)
+_ROW_MAJOR = {}  # id(kernel) -> (its `_stamp`, its (d_out, d_in) copy)
 
 
 def split_heads(x, h, d):
