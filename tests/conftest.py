@@ -1,5 +1,12 @@
 import os
+import signal
 import sys
+
+# A process started in the background by a non-interactive shell (`cmd &`) inherits SIGINT ignored,
+# and Python then raises no KeyboardInterrupt for it: the Ctrl-C tests would wait forever. Give the
+# suite Python's usual handler, whatever launched it (its subprocesses then start with the default).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # XLA's Triton GEMM on GPU computes some int8 x int8 -> int32 products wrongly under jit (jaxlib
 # 0.11.2 on an H100; docs/decisions.md, item 14); the int8-quantization tests need cuBLAS's. No
