@@ -297,6 +297,23 @@ def test_encode_does_not_make_numpy_warn_about_copy(tmp_path):
         assert tiny.encode(["the cat", "a dog ran", "big"], batch_size=1).shape == (3, 8)
 
 
+def test_a_model_loaded_under_mixed_bfloat16_encodes_close_to_float32(tmp_path):
+    """Its outputs are bfloat16 on torch, which NumPy has no dtype for: encode returns float32."""
+    path = write_tiny_model(tmp_path / "tiny")
+    texts = ["the cat sat on the mat .", "a big dog ran", "cats"]
+    full = attnkit.load_pretrained(path).encode(texts)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        half = attnkit.load_pretrained(path)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    embeddings = half.encode(texts)
+    assert embeddings.dtype == np.float32 and embeddings.shape == full.shape
+    # bfloat16 keeps 8 bits of mantissa: about 2^-8 relative per operation, a few percent after 2 layers.
+    np.testing.assert_allclose(embeddings, full, rtol=0, atol=0.05)
+    assert half.hidden_states(texts).dtype == np.float32
+
+
 def test_tokenizer_with_more_ids_than_the_vocab_size_is_refused(tmp_path):
     path = write_tiny_model(tmp_path / "tiny")
     with open(os.path.join(path, "vocab.txt"), "a") as f:

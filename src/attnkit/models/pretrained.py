@@ -343,7 +343,8 @@ def _one_or_many(texts):
 
 def _numpy(x):
     if hasattr(x, "detach"):  # a torch tensor: .numpy() directly (np.asarray would warn about `copy`)
-        return x.detach().cpu().numpy().astype(np.float32, copy=False)
+        # bfloat16 (a mixed_bfloat16 model's output) has no NumPy dtype; float32 holds it exactly.
+        return x.detach().cpu().float().numpy()
     from keras import ops
 
     return np.asarray(ops.convert_to_numpy(x), dtype=np.float32)
