@@ -168,6 +168,23 @@ class TorchSeq2Seq(torch.nn.Module):
         self.register_buffer("pe", torch.from_numpy(pe))
         self.transformer = torch.nn.Transformer(D, h, n, n, d_ff, rate, batch_first=True)
         self.out = torch.nn.Linear(D, vocab)
+        self._init_as_keras(D)
+
+    @torch.no_grad()
+    def _init_as_keras(self, D):
+        """attnkit's (Keras's) initialisation, so that the loop trains the same model: embeddings
+        uniform(-0.05, 0.05) (torch's N(0, 1), times sqrt(D), drowns the positions), every kernel
+        Glorot-uniform (each of W_q, W_k, W_v on its own (D, D) block), biases zero."""
+        for emb in (self.src_emb, self.tgt_emb):
+            torch.nn.init.uniform_(emb.weight, -0.05, 0.05)
+        for name, p in self.named_parameters():
+            if name.endswith("in_proj_weight"):
+                for block in p.view(3, D, D):
+                    torch.nn.init.xavier_uniform_(block)
+            elif p.dim() == 2 and "emb" not in name:
+                torch.nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                torch.nn.init.zeros_(p)
 
     def embed(self, emb, ids):
         return torch.nn.functional.dropout(emb(ids) * self.D**0.5 + self.pe[: ids.shape[1]], self.rate,

@@ -393,3 +393,95 @@ def test_what_is_kept_under_inference_mode_serves_a_later_backward_through_froze
     inputs = x.clone().requires_grad_(True)
     layer(inputs).float().sum().backward()
     assert inputs.grad is not None and torch.isfinite(inputs.grad).all()
+
+
+@pytest.fixture
+def one_python_thread(monkeypatch):
+    """The whole-sequence path as in a process with no other Python thread: the suite's own browser
+    tests leave Playwright's asyncio threads behind, which never run torch."""
+    monkeypatch.setattr(_fused, "_other_python_threads", lambda: 0)
+
+
+def _attention_expected(q, k, v, keep):
+    """float64 attention of bfloat16 tensors, key/value heads repeated for grouped queries, and the
+    rows with no key."""
+    from attnkit.ops.grouped_attention import repeat_kv
+
+    g = q.shape[1] // k.shape[1]
+    k, v = (to_numpy(repeat_kv(t.double(), g)) for t in (k, v))
+    keep = np.broadcast_to(keep, (*q.shape[:-1], k.shape[-2]))
+    return reference.attention(q.double().numpy(), k, v, keep)[0], ~keep.any(-1)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "padding with an empty example", "per-head mask", "grouped"])
+def test_whole_sequences_in_bfloat16_run_in_chunks_close_to_float64(rng, monkeypatch, one_python_thread, case):
+    """Whole sequences (more than BMM_MAX_ROWS query rows) take the batched GEMMs too, a few heads at a
+    time; chunks of one group, of two (the last one short) and all at once give the same numbers."""
+    from attnkit.ops.grouped_attention import grouped_query_attention
+
+    T, h, h_kv = 40, 4, (2 if case == "grouped" else 4)
+    q, k, v = _bf16(rng, (3, h, T, 8), 2.0), _bf16(rng, (3, h_kv, T, 8), 2.0), _bf16(rng, (3, h_kv, T, 6))
+    mask, causal = None, case == "causal"
+    if case.startswith("padding"):
+        mask = np.ones((3, 1, 1, T), bool)
+        mask[0, ..., :7] = False  # left padding
+        mask[2] = False  # nothing to attend to
+    if case == "per-head mask":
+        mask = rng.random((3, h, T, T)) < 0.3
+    keep = reference.causal_keep(T, T) if causal else (np.ones((T, T), bool) if mask is None else mask)
+    expected, empty = _attention_expected(q, k, v, keep)
+    assert _fused._bmm_takes(q, k, v) and q.shape[1] // k.shape[1] * T > _fused.BMM_MAX_ROWS
+    outputs = []
+    group_bytes = (h // h_kv) * T * T * 4  # float32 scores of one key/value head
+    for chunk_bytes in (group_bytes, 2 * group_bytes, 2**40):
+        monkeypatch.setattr(_fused, "BMM_CHUNK_BYTES", chunk_bytes)
+        with torch.no_grad():
+            outputs.append(grouped_query_attention(q, k, v, mask, causal=causal).float().numpy())
+    for out in outputs[1:]:
+        np.testing.assert_array_equal(out, outputs[0])
+    assert (outputs[0][empty] == 0).all()
+    # Exact float32 scores; the weights and the output rounded to bfloat16 (2^-8 of |v| <= ~4, summed).
+    np.testing.assert_allclose(outputs[0], expected, rtol=0, atol=0.05)
+
+
+def test_whole_sequence_scores_stay_float32_and_the_matmul_precision_is_restored(one_python_thread):
+    """Scores near 200 are 1.0 apart in bfloat16; the bfloat16 products behind the float32 scores'
+    GEMM are exact for bfloat16 factors, and the process-wide precision goes back afterwards."""
+    from attnkit.ops import fused_attention
+
+    T = 48
+    q = torch.ones(1, 1, T, 2).bfloat16()
+    k = torch.tensor([[100.0, 100.5], [100.0, 100.0]]).bfloat16().repeat(T // 2, 1)[None, None]  # scores 200.5, 200
+    v = torch.tensor([[1.0], [0.0]]).bfloat16().repeat(T // 2, 1)[None, None]
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    assert _fused._bmm_takes(q, k, v)
+    with torch.no_grad():
+        out = fused_attention(q, k, v, scale=1.0).float().numpy()
+    assert torch.backends.mkldnn.matmul.fp32_precision == before
+    np.testing.assert_allclose(out, 1 / (1 + np.exp(-0.5)), rtol=2**-7)
+
+
+def test_whole_sequences_keep_the_flash_kernel_beside_other_threads_or_above_the_scores_budget(rng, monkeypatch):
+    """The bfloat16 products are a process-wide switch: with another Python thread alive (it could run
+    a float32 matmul meanwhile) whole sequences stay on the flash kernel; a decoding step's few rows,
+    whose float32 GEMM needs no switch, do not. Scores above the budget stay there too."""
+    import threading
+
+    q, k, v = _bf16(rng, (2, 2, 40, 8)), _bf16(rng, (2, 2, 40, 8)), _bf16(rng, (2, 2, 40, 8))
+    step = q[:, :, :1]
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert not _fused._bmm_takes(q, k, v) and _fused._bmm_takes(step, k, v)
+        with torch.no_grad():
+            during = _fused.attention(step, k, v, None, False, 0.5)
+    finally:
+        release.set()
+        other.join()
+    monkeypatch.setattr(_fused, "_other_python_threads", lambda: 0)
+    with torch.no_grad():
+        np.testing.assert_array_equal(during.float().numpy(), _fused.attention(step, k, v, None, False, 0.5).float().numpy())
+    assert _fused._bmm_takes(q, k, v)
+    monkeypatch.setattr(_fused, "BMM_MAX_SCORES_BYTES", 2 * 2 * 40 * 40 * 4 - 1)
+    assert not _fused._bmm_takes(q, k, v)

@@ -123,20 +123,27 @@ def _torch(queries, keys, values, keep, causal, scale):
 
 
 # Up to this many query rows per key/value head (h / h_kv heads x T_q queries) the bfloat16 attention
-# is two batched GEMMs (`_torch_bmm`), above it torch's flash kernel.
+# is two batched GEMMs (`_torch_bmm`) whatever the threads; above it, when oneDNN may multiply the
+# float32 scores' GEMM in bfloat16 (`_bfloat16_products`), whole sequences whose float32 scores fit
+# in BMM_MAX_SCORES_BYTES too; otherwise torch's flash kernel, whose memory does not grow as T_q * T_k.
 BMM_MAX_ROWS = 32
+BMM_MAX_SCORES_BYTES = 64 * 1024**2
+BMM_CHUNK_BYTES = 1024**2
 
 
 def _bmm_takes(queries, keys, values):
     """Whether `_torch_bmm` computes this attention: bfloat16 on the CPU, no autograd graph, queries
     (..., h, T_q, d_k) and keys and values (..., h_kv, T_k, d) with the same leading dimensions and
-    h_kv dividing h (grouped-query attention), and at most BMM_MAX_ROWS query rows per key/value head.
+    h_kv dividing h (grouped-query attention); and either at most BMM_MAX_ROWS query rows per
+    key/value head, or float32 scores of at most BMM_MAX_SCORES_BYTES when `_bfloat16_products` can
+    be used.
 
     A decoding step's few queries are where torch's CPU flash kernel loses most: 0.46 ms for SmolLM2's
     B=8, h=9, h_kv=3, T_q=1, T_k=150, against 0.11 ms as two batched GEMMs. For a whole sequence
-    (B=16, h=8, T=128) the float32 scores' GEMM runs slower than the flash kernel (7.6 against 4.2 ms),
-    which keeps it (docs/decisions.md item 60). With autograd the flash kernel stays: its backward
-    does not keep the (T_q, T_k) weights.
+    (B=16, h=8, T=128) the float32 scores' GEMM in IEEE float32 runs slower than the flash kernel
+    (3.8 against 4.4 ms with its finiteness check, 4.9), through oneDNN's bfloat16 products 2.8 ms
+    (docs/decisions.md items 60 and 61). With autograd the flash kernel stays: its backward does not
+    keep the (T_q, T_k) weights.
     """
     import torch
 
@@ -148,43 +155,107 @@ def _bmm_takes(queries, keys, values):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (queries, keys, values)):
         return False
+    if queries.numel() == 0 or keys.shape[-2] == 0:
+        return False
     rows = queries.shape[-3] // keys.shape[-3] * queries.shape[-2]
-    return 0 < rows <= BMM_MAX_ROWS and queries.numel() > 0 and keys.shape[-2] > 0
+    if rows <= BMM_MAX_ROWS:
+        return True
+    scores_bytes = queries.numel() // queries.shape[-1] * keys.shape[-2] * 4  # (..., h, T_q, T_k) float32
+    return scores_bytes <= BMM_MAX_SCORES_BYTES and _bfloat16_products_safe()
+
+
+def _bfloat16_products_safe():
+    """Whether `_bfloat16_products` may switch torch's process-wide float32 matmul precision: only
+    while this is the one Python thread (another could run a float32 matmul meanwhile and get
+    bfloat16 products), and when this torch has the switch. A process with other threads, such as a
+    notebook's, keeps whole sequences on the flash kernel."""
+    import torch
+
+    return _other_python_threads() == 0 and hasattr(torch.backends.mkldnn, "matmul")
+
+
+def _other_python_threads():
+    """How many Python threads are alive besides this one (a notebook's kernel, a server, a data
+    loader's threads: any of them could run a float32 matmul)."""
+    import threading
+
+    return threading.active_count() - 1
+
+
+class _bfloat16_products:
+    """Within: torch's float32 CPU matmuls multiply in bfloat16 through oneDNN, accumulating and
+    returning float32 (`torch.backends.mkldnn.matmul.fp32_precision = "bf16"`). Exact for factors
+    that are bfloat16 values cast to float32: a bfloat16 x bfloat16 -> float32 GEMM, which torch has
+    no other way to ask for on the CPU (`out_dtype` is CUDA's only), 2.9x faster than IEEE float32
+    here. The setting is process-wide: enter only when `_bfloat16_products_safe()`."""
+
+    def __enter__(self):
+        import torch
+
+        self.previous = torch.backends.mkldnn.matmul.fp32_precision
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.backends.mkldnn.matmul.fp32_precision = self.previous
 
 
 def _torch_bmm(queries, keys, values, keep, causal, scale):
-    """softmax(scale * Q K^T, masked) V for bfloat16 torch tensors as two batched GEMMs.
+    """softmax(scale * Q K^T, masked) V for bfloat16 torch tensors as batched GEMMs.
 
     Args: as `attention`, with queries (..., h, T_q, d_k), keys (..., h_kv, T_k, d_k), values
     (..., h_kv, T_k, d_v) sharing their leading dimensions, h_kv dividing h; query head j reads key
     and value head j // (h / h_kv), as `repeat_kv` repeats them, without repeating them in memory.
     The scores and the softmax are float32, as in the explicit path and torch's flash kernel (bfloat16
-    scores lose up to half a unit at |score| ~ 200); the weights are rounded to bfloat16 for the
-    product with V, as the flash kernel rounds them. The explicit path's arithmetic: NaN and Inf
-    propagate, and rows with nothing to attend to have zero weights.
+    scores lose up to half a unit at |score| ~ 200): the scores' GEMM multiplies the bfloat16 factors
+    exactly and accumulates in float32. The weights are rounded to bfloat16 for the product with V, as
+    the flash kernel rounds them. The explicit path's arithmetic: NaN and Inf propagate, and rows with
+    nothing to attend to have zero weights.
+
+    The heads run in chunks of about BMM_CHUNK_BYTES of scores, which stay in the cache from their
+    GEMM through the softmax to the product with V: the whole (B, h, T_q, T_k) float32 scores at once
+    went through memory three times and made the path slower than the flash kernel.
     """
+    import contextlib
+
     import torch
 
     *lead, h, T_q, d_k = queries.shape
     h_kv, T_k, d_v = keys.shape[-3], keys.shape[-2], values.shape[-1]
     g = h // h_kv  # query heads per key/value head
     # A group's g queries of T_q rows each read the same keys: one (g T_q, T_k) product per group.
-    q = queries.reshape(-1, g * T_q, d_k).float()  # (... h_kv, g T_q, d_k)
-    k, v = keys.reshape(-1, T_k, d_k).float(), values.reshape(-1, T_k, d_v)  # (... h_kv, T_k, d)
-    scores = torch.baddbmm(q.new_empty(q.shape[0], g * T_q, T_k), q, k.transpose(1, 2), beta=0, alpha=scale)
-    scores = scores.view(*lead, h_kv, g, T_q, T_k)
+    # Cast into a contiguous copy, which the view then reads (`.float()` keeps a view's strides).
+    q = queries.to(torch.float32, memory_format=torch.contiguous_format).view(-1, g * T_q, d_k)  # (N, g T_q, d_k)
+    k = keys.to(torch.float32, memory_format=torch.contiguous_format).view(-1, T_k, d_k)  # (N, T_k, d_k)
+    v = values.reshape(-1, T_k, d_v)  # (N, T_k, d_v), N = (...) h_kv
+    n = q.shape[0]
+    drop = has_key = None
     if causal:
         keep = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril_()
     if keep is not None:
         keep = keep.reshape((1,) * (len(lead) + 3 - keep.dim()) + tuple(keep.shape))  # (..., h|1, T_q|1, T_k)
-        heads = keep.shape[-3]
-        keep = keep.unflatten(-3, (h_kv, g) if heads == h else (1, 1))  # (..., h_kv|1, g|1, T_q|1, T_k)
-        scores.masked_fill_(keep.logical_not(), float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # (..., h_kv, g, T_q, T_k); NaN on rows with no key
-    if keep is not None and not causal:
-        weights.masked_fill_(keep.any(dim=-1, keepdim=True).logical_not(), 0)  # rows with no key
-    weights = weights.to(values.dtype).view(-1, g * T_q, T_k)
-    return torch.bmm(weights, v).view(*lead, h, T_q, d_v)  # (..., h, T_q, d_v)
+        keep = keep.unflatten(-3, (h_kv, g) if keep.shape[-3] == h else (1, 1))  # (..., h_kv|1, g|1, T_q|1, T_k)
+        keep = keep.expand(*lead, h_kv, *keep.shape[-3:]).reshape(n, *keep.shape[-3:])  # (N, g|1, T_q|1, T_k)
+        drop = keep.logical_not()
+        if not causal:
+            has_key = keep.any(dim=-1, keepdim=True)  # (N, g|1, T_q|1, 1)
+    out = v.new_empty(n, g * T_q, d_v)
+    chunk = max(1, BMM_CHUNK_BYTES // (g * T_q * T_k * 4))  # groups per chunk
+    scores = q.new_empty(min(chunk, n), g * T_q, T_k)
+    products = _bfloat16_products() if _bfloat16_products_safe() else contextlib.nullcontext()
+    with products:
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            part = scores[: stop - start]  # (c, g T_q, T_k)
+            torch.baddbmm(part, q[start:stop], k[start:stop].transpose(1, 2), beta=0, alpha=scale, out=part)
+            if drop is not None:
+                part.view(-1, g, T_q, T_k).masked_fill_(drop[start:stop], float("-inf"))
+            weights = torch.softmax(part, dim=-1)  # NaN on rows with no key
+            if has_key is not None:
+                weights.view(-1, g, T_q, T_k).masked_fill_(has_key[start:stop].logical_not(), 0)
+            torch.bmm(weights.to(values.dtype), v[start:stop], out=out[start:stop])
+    return out.view(*lead, h, T_q, d_v)  # (..., h, T_q, d_v)
 
 
 def _finite(*tensors):
