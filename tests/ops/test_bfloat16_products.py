@@ -1,0 +1,89 @@
+"""bfloat16 products on every backend: the projections, the lm head's tied product and the attention
+scores, against float64 NumPy. On jax they are asked of XLA as float32 products and rounded once
+(docs/decisions.md item 62): the same numbers within one bfloat16 rounding, eagerly and under jit,
+and the attention scores stay float32.
+
+Legend: N rows, d_in input width, d_out output width.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from attnkit.ops import _fused, linear, scaled_dot_product_attention
+from backend_utils import BACKEND, to_numpy
+
+HALF_ULP = 2.0**-8  # bfloat16 keeps 8 significant bits: one rounding is within 2^-8 relative
+
+
+def _bf16(values):
+    return ops.cast(ops.convert_to_tensor(np.asarray(values, "float32")), "bfloat16")
+
+
+def _float64(x):
+    return to_numpy(ops.cast(x, "float32")).astype(np.float64)
+
+
+def _jitted(fn):
+    """fn as the backend compiles it: jax.jit on jax, as it is elsewhere."""
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_bfloat16_linear_is_the_float64_product_rounded_once(rng, compiled, activation):
+    x, kernel = _bf16(rng.standard_normal((40, 24))), _bf16(rng.standard_normal((24, 16)) / 4)
+    bias = _bf16(rng.standard_normal(16))
+    fn = lambda x, k, b: linear(x, k, b, activation=activation)  # noqa: E731
+    y = (_jitted(fn) if compiled else fn)(x, kernel, bias)
+    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+    product = _float64(x) @ _float64(kernel)
+    # The product rounded once, then the bias added and rounded again (Dense's order).
+    expected = product + _float64(bias)
+    if activation == "relu":
+        expected = np.maximum(expected, 0)
+    np.testing.assert_allclose(_float64(y), expected, rtol=2 * HALF_ULP, atol=2 * HALF_ULP * np.abs(product).max())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bfloat16_matmul_and_einsum_round_once_or_keep_float32_products(rng, compiled):
+    a, b = _bf16(rng.standard_normal((3, 5, 32))), _bf16(rng.standard_normal((3, 32, 7)))
+    exact = _float64(a) @ _float64(b)  # bfloat16 factors: their products are exact in float32
+    rounded = (_jitted(_fused.matmul) if compiled else _fused.matmul)(a, b)
+    summed = (_jitted(lambda a, b: _fused.einsum("bik,bkj->bij", a, b)) if compiled else
+              (lambda a, b: _fused.einsum("bik,bkj->bij", a, b)))(a, b)
+    for y in (rounded, summed):
+        assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+        np.testing.assert_allclose(_float64(y), exact, rtol=HALF_ULP, atol=1e-6)
+    if BACKEND == "jax":
+        wide = (_jitted(lambda a, b: _fused.matmul(a, b, float32_products=True)) if compiled else
+                (lambda a, b: _fused.matmul(a, b, float32_products=True)))(a, b)
+        assert keras.backend.standardize_dtype(wide.dtype) == "float32"
+        np.testing.assert_allclose(to_numpy(wide), exact, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bfloat16_attention_scores_are_float32(compiled):
+    """Scores 200.5 and 200 are 1.0 apart in bfloat16: rounded, the two keys would weigh the same."""
+    q = _bf16(np.ones((1, 1, 2), "float32"))
+    k = _bf16([[[100.0, 100.5], [100.0, 100.0]]])
+    v = _bf16([[[1.0], [0.0]]])
+    fn = lambda q, k, v: scaled_dot_product_attention(q, k, v, scale=1.0)  # noqa: E731
+    out, weights = (_jitted(fn) if compiled else fn)(q, k, v)
+    np.testing.assert_allclose(_float64(weights)[0, 0], [1 / (1 + np.exp(-0.5)), 1 / (1 + np.exp(0.5))], rtol=HALF_ULP)
+    np.testing.assert_allclose(_float64(out)[0, 0, 0], 1 / (1 + np.exp(-0.5)), rtol=2 * HALF_ULP)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the float32 products are what jax is asked for")
+def test_jax_is_asked_for_float32_products_of_bfloat16_factors(rng):
+    """XLA's CPU dot is 2-3x faster asked for float32 products than for bfloat16 ones."""
+    import jax
+
+    x, kernel = _bf16(rng.standard_normal((8, 4))), _bf16(rng.standard_normal((4, 6)))
+    program = str(jax.make_jaxpr(lambda x, k: linear(x, k))(x, kernel))
+    assert "dot_general" in program and "preferred_element_type=float32" in program
