@@ -23,6 +23,9 @@ def markdown_table(header, rows):
     return "\n".join(lines)
 
 
+PAUSE_S = 0.1  # between two timed runs (`interleaved_medians`)
+
+
 def interleaved_medians(runs, *, rounds=7, warmup=1, min_seconds=0.0):
     """Median wall time of each of `runs` (name -> fn), timed in turn A, B, A, B, ... per round.
 
@@ -37,6 +40,10 @@ def interleaved_medians(runs, *, rounds=7, warmup=1, min_seconds=0.0):
     start = time.perf_counter()
     while len(next(iter(times.values()))) < rounds or time.perf_counter() - start < min_seconds:
         for name, fn in runs.items():
+            # The previous run's worker threads (OpenMP's, XLA's, tensorflow's) spin a while after
+            # their work before they sleep: started at once, the next run would share the cores
+            # with them (a torch anchor after a jax run took twice its time).
+            time.sleep(PAUSE_S)
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
