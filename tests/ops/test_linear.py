@@ -92,3 +92,66 @@ def test_unknown_activation_is_a_clear_error(rng):
     x, kernel, bias = operands(rng)
     with pytest.raises(ValueError, match=r"`activation` must be one of \(None, 'relu', 'gelu'\). Received: activation='tanh'"):
         linear(x, kernel, bias, activation="tanh")
+
+
+def compiled(fn):
+    """`fn` as each backend compiles it for inference: a `tf.function` (where tensorflow's grappler
+    rewrites the graph), `jax.jit`; torch runs it eagerly."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn
+
+
+def rounded(array, dtype):
+    """`array` rounded to `dtype` and back to float64: the operands a `dtype` product really multiplies."""
+    return to_numpy(ops.cast(ops.cast(array, dtype), "float32")).astype(np.float64)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("batch_shape", [(), (N,), (2, 5), (2, 1, 3)])
+def test_compiled_equals_float64_reference(rng, activation, dtype, batch_shape):
+    """Compiled, the products, the bias and the activation may fuse into one kernel (tensorflow's
+    remapper, XLA): the values stay those of the float64 formula on the operands as rounded to
+    `dtype`, to `dtype`'s own rounding of the result."""
+    x, kernel, bias = operands(rng, batch_shape)
+    got = compiled(lambda a, k, b: linear(a, k, b, activation=activation))(
+        *(ops.cast(a, dtype) for a in (x, kernel, bias)))
+    assert tuple(got.shape) == (*batch_shape, D_OUT)
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    product, b = rounded(x, dtype) @ rounded(kernel, dtype), rounded(bias, dtype)
+    want = REFERENCE[activation](product + b)
+    got = to_numpy(ops.cast(got, "float32"))
+    if dtype == "float32":
+        np.testing.assert_allclose(got, want, atol=1e-5)  # sums of 7 products
+    else:
+        # A unit of bfloat16's 8 significant bits per rounding: of the product, of the sum with the
+        # bias and of the activation's steps where they are not fused (Keras's own order, in bfloat16),
+        # once where they are (half a unit each when exact; the activation's steps round more).
+        bound = 2**-8 * (np.abs(product) + np.abs(product + b) + np.abs(want)) + 1e-6
+        assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a tf.function traced for unknown batch axes")
+def test_unknown_batch_axes_keep_their_static_shape(rng):
+    import tensorflow as tf
+
+    x, kernel, bias = operands(rng, (2, 3))
+    shapes = []
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, D_IN], tf.float32)])
+    def run(a):
+        y = linear(a, kernel, bias, activation="gelu")
+        shapes.append(y.shape.as_list())
+        return y
+
+    got = run(tf.constant(x))
+    assert shapes == [[None, None, D_OUT]]
+    y = x.astype(np.float64) @ kernel + bias
+    np.testing.assert_allclose(to_numpy(got), erf_gelu(y), atol=1e-5)

@@ -635,8 +635,10 @@ def linear(x, kernel, bias, activation):
         (..., d_out), or None unless the backend is torch and all operands are torch tensors of one
         floating dtype.
     """
+    if keras.backend.backend() == "tensorflow":
+        return tensorflow_linear(x, kernel, bias, activation)
     if keras.backend.backend() != "torch":
-        return None  # XLA (jax, tensorflow under tf.function) folds the bias add and picks the layout
+        return None  # XLA folds the bias add and the activation into the product's loop
     import torch
 
     x, kernel, bias = _tensor(x), _variable_value(kernel), _variable_value(bias)
@@ -644,6 +646,52 @@ def linear(x, kernel, bias, activation):
     if not all(isinstance(v, torch.Tensor) and v.dtype == x.dtype for v in operands) or not x.is_floating_point():
         return None
     return torch_linear(x, kernel, bias, activation)
+
+
+def tensorflow_linear(x, kernel, bias, activation):
+    """activation(x @ kernel + bias) for tensorflow tensors of one floating dtype, or None, as the ops
+    grappler's remapper fuses into one oneDNN matmul inside a `tf.function` (docs/decisions.md item 63).
+
+    A (rows, d_in) MatMul, a BiasAdd, then Relu or the erf form of GELU: the pattern the remapper
+    rewrites into `_MklFusedMatMul`, which adds the bias and applies the activation to the float32
+    accumulator before rounding. `keras.ops.matmul` on a (..., d_in) tensor is a Tensordot, an add
+    and tensorflow's GELU (`erfc`), which stay separate ops: under `mixed_bfloat16` its bfloat16
+    `erfc` alone took as long as the MiniLM encoder's products. Eagerly (no remapper) and under
+    XLA the same ops run as written, with the same values.
+
+    Args:
+        x: (..., d_in) tensor. kernel: (d_in, d_out). bias: (d_out,) or None; tensors or Keras variables.
+        activation: None, "relu" or "gelu".
+
+    Returns:
+        (..., d_out) with x's static shape but its last axis, or None unless x is a tensorflow tensor
+        (not a symbolic KerasTensor) of rank >= 1 and the operands share its floating dtype.
+    """
+    import tensorflow as tf
+
+    x, kernel, bias = _tensor(x), _variable_value(kernel), _variable_value(bias)
+    operands = (x, kernel) if bias is None else (x, kernel, bias)
+    if not all(isinstance(v, (tf.Tensor, tf.Variable)) for v in operands) or not x.dtype.is_floating:
+        return None
+    if any(v.dtype != x.dtype for v in operands) or x.shape.rank is None or x.shape.rank < 1:
+        return None
+    if kernel.shape.rank != 2 or not kernel.shape.is_fully_defined():
+        return None
+    d_in, d_out = kernel.shape
+    rows = x if x.shape.rank == 2 else tf.reshape(x, [-1, d_in])  # (rows, d_in)
+    y = tf.matmul(rows, kernel)  # (rows, d_out)
+    if bias is not None:
+        y = tf.nn.bias_add(y, bias)
+    if activation == "relu":
+        y = tf.nn.relu(y)
+    elif activation == "gelu":
+        # 0.5 y (1 + erf(y / sqrt 2)): the remapper's GeluExact pattern (tf.nn.gelu's erfc form is not).
+        y = 0.5 * y * (1.0 + tf.math.erf(y * 0.7071067811865476))
+    if x.shape.rank == 2:
+        return y
+    out = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [d_out]], axis=0))  # (..., d_out)
+    out.set_shape(x.shape[:-1].concatenate([d_out]))
+    return out
 
 
 # Set ATTNKIT_ONEDNN=0 to run every torch projection through torch's default GEMM (`F.linear`).

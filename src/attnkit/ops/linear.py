@@ -15,9 +15,10 @@ def linear(x, kernel, bias=None, activation=None):
 
     On torch this is one `torch.nn.functional.linear` (the bias added inside the GEMM) on the kernel's
     transposed view, with ReLU applied in place on the fresh output; half-precision kernels are laid
-    out as torch's CPU kernels need them. On jax and tensorflow it is `keras.ops.matmul` plus the
-    bias and the activation, which their compilers fuse; bfloat16 products on jax are asked of XLA
-    in float32 and rounded once (`_fused.matmul`, 2-3x faster on the CPU).
+    out as torch's CPU kernels need them. On tensorflow it is a 2-D MatMul, a BiasAdd and the
+    activation, which a `tf.function` runs as one oneDNN matmul (`_fused.tensorflow_linear`). On jax
+    it is `keras.ops.matmul` plus the bias and the activation, which XLA fuses; bfloat16 products
+    are asked of XLA in float32 and rounded once (`_fused.matmul`, 2-3x faster on the CPU).
 
     Args:
         x: (..., d_in).
