@@ -155,3 +155,20 @@ def test_unknown_batch_axes_keep_their_static_shape(rng):
     assert shapes == [[None, None, D_OUT]]
     y = x.astype(np.float64) @ kernel + bias
     np.testing.assert_allclose(to_numpy(got), erf_gelu(y), atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_compiled_bfloat16_rounds_once(activation):
+    """x @ kernel = 1 + 2^-8 - 2^-12 and bias 2^-11: their sum, 1 + 2^-8 + 2^-12, is nearest to the
+    bfloat16 1 + 2^-7. Rounding the product first gives 1 (it is below the halfway point 1 + 2^-8),
+    and 1 + 2^-11 rounds to 1 again: a unit of the last place lost. Compiled, every backend adds the
+    bias (and applies ReLU) to the float32 accumulator and rounds once. (GELU: torch applies it to
+    the rounded sum.)"""
+    x = np.ones((1, 2), "float32")
+    kernel = np.array([[1.0], [2**-8 - 2**-12]], "float32")
+    bias = np.array([2**-11], "float32")
+    got = compiled(lambda a, k, b: linear(a, k, b, activation=activation))(
+        *(ops.cast(a, "bfloat16") for a in (x, kernel, bias)))
+    y = 1 + 2**-8 + 2**-12
+    want = REFERENCE[activation](np.array([[y]]))
+    np.testing.assert_array_equal(to_numpy(ops.cast(got, "float32")), rounded(want, "bfloat16"))

@@ -40,13 +40,15 @@ def linear(x, kernel, bias=None, activation=None):
     fused = _fused.linear(x, kernel, bias, activation)
     if fused is not None:
         return fused
-    # Mixed dtypes, NumPy inputs and the other backends: keras.ops' own promotion rules.
-    y = _fused.matmul(x, kernel)  # (..., d_out); bfloat16 jax arrays multiplied in float32
-
+    # Mixed dtypes, NumPy inputs and the other backends: keras.ops' own promotion rules. bfloat16 jax
+    # arrays: the bias and the activation apply to the float32 products, rounded once at the end, as
+    # the fused kernels of torch and tensorflow do (docs/decisions.md item 64).
+    accumulated = _fused._jax_bfloat16(_fused._tensor(x), _fused._tensor(kernel))
+    y = _fused.matmul(x, kernel, float32_products=accumulated)  # (..., d_out)
     if bias is not None:
-        y = ops.add(y, bias)
+        y = ops.add(y, ops.cast(bias, "float32") if accumulated else bias)
     if activation == "relu":
-        return ops.relu(y)
-    if activation == "gelu":
-        return ops.gelu(y, approximate=False)
-    return y
+        y = ops.relu(y)
+    elif activation == "gelu":
+        y = ops.gelu(y, approximate=False)
+    return ops.cast(y, "bfloat16") if accumulated else y
