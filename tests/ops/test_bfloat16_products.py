@@ -87,3 +87,31 @@ def test_jax_is_asked_for_float32_products_of_bfloat16_factors(rng):
     x, kernel = _bf16(rng.standard_normal((8, 4))), _bf16(rng.standard_normal((4, 6)))
     program = str(jax.make_jaxpr(lambda x, k: linear(x, k))(x, kernel))
     assert "dot_general" in program and "preferred_element_type=float32" in program
+
+
+ONE_ROW_PRODUCTS = [
+    # (operation, shape of a, shape of b): one row of `a` per product (on jax padded to two, item 65).
+    ("matmul", (1, 24), (24, 16)),
+    ("matmul", (1, 1, 24), (24, 16)),
+    ("matmul", (3, 2, 1, 24), (3, 2, 24, 9)),  # a decoding step's scores: one query per head
+    ("matmul", (4, 1, 24), (24, 16)),  # four rows: not padded
+    ("btc,chd->bthd", (1, 1, 24), (24, 2, 8)),
+    ("bhtd,hde->bte", (1, 2, 1, 12), (2, 12, 16)),
+    ("...d,vd->...v", (1, 1, 24), (40, 24)),
+    ("...d,vd->...v", (1, 24), (40, 24)),
+    ("...d,vd->...v", (2, 1, 24), (40, 24)),
+]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("operation, a_shape, b_shape", ONE_ROW_PRODUCTS)
+def test_bfloat16_one_row_products_are_the_float64_product_rounded_once(rng, compiled, operation, a_shape, b_shape):
+    a, b = _bf16(rng.standard_normal(a_shape)), _bf16(rng.standard_normal(b_shape))
+    if operation == "matmul":
+        fn, exact = _fused.matmul, np.matmul(_float64(a), _float64(b))
+    else:
+        fn, exact = (lambda a, b: _fused.einsum(operation, a, b)), np.einsum(operation, _float64(a), _float64(b))
+    y = (_jitted(fn) if compiled else fn)(a, b)
+    assert tuple(y.shape) == exact.shape
+    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+    np.testing.assert_allclose(_float64(y), exact, rtol=HALF_ULP, atol=1e-6)

@@ -172,3 +172,15 @@ def test_compiled_bfloat16_rounds_once(activation):
     y = 1 + 2**-8 + 2**-12
     want = REFERENCE[activation](np.array([[y]]))
     np.testing.assert_array_equal(to_numpy(ops.cast(got, "float32")), rounded(want, "bfloat16"))
+
+
+@pytest.mark.parametrize("batch_shape", [(N,), (7, 2)])
+def test_mismatched_widths_are_an_error_compiled_too(rng, batch_shape):
+    """x (7, 2, 6) against a (7, 13) kernel: its 84 values would reshape into 12 rows of 7, each
+    mixing two examples; every backend refuses, compiled or not."""
+    x = rng.standard_normal((*batch_shape, D_IN - 1)).astype("float32")
+    _, kernel, bias = operands(rng)
+    for fn in (linear, compiled(linear)):
+        with pytest.raises(ValueError, match=r"`x`'s last axis must have the length of `kernel`'s first \(d_in\)\. "
+                                             r"Received: x of shape \(.*6\), kernel of shape \(7, 13\)"):
+            fn(ops.convert_to_tensor(x), ops.convert_to_tensor(kernel), ops.convert_to_tensor(bias))

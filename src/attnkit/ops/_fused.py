@@ -11,6 +11,7 @@ the explicit `keras.ops` path, which gives the same numbers.
 Legend: B batch, h heads, T_q/T_k lengths, d_k/d_v widths.
 """
 
+import math
 import os
 import weakref
 
@@ -336,7 +337,12 @@ def matmul(a, b, float32_products=False):
     if _jax_bfloat16(a, b):
         import jax.numpy as jnp
 
-        y = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+        one_row = a.ndim >= 2 and a.shape[-2] == 1 and (b.ndim >= 3 or math.prod(a.shape[:-1]) == 1)
+        if one_row:  # (..., 1, k) -> (..., 2, k): see `_jax_bfloat16`
+            a = jnp.concatenate([a, jnp.zeros_like(a)], axis=-2)
+        y = jnp.matmul(a, b, preferred_element_type=jnp.float32)  # (..., m, n)
+        if one_row:
+            y = y[..., :1, :]
         return y if float32_products else y.astype(jnp.bfloat16)
     return ops.matmul(a, b)
 
@@ -347,8 +353,34 @@ def einsum(subscripts, *operands):
     if _jax_bfloat16(*operands):
         import jax.numpy as jnp
 
-        return jnp.einsum(subscripts, *operands, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+        one_row = _einsum_one_row(subscripts, operands)
+        if one_row:  # operand 0's leading axis 1 -> 2: see `_jax_bfloat16`
+            operands = (jnp.concatenate([operands[0], jnp.zeros_like(operands[0])], axis=0), *operands[1:])
+        y = jnp.einsum(subscripts, *operands, preferred_element_type=jnp.float32)
+        return (y[:1] if one_row else y).astype(jnp.bfloat16)
     return ops.einsum(subscripts, *operands)
+
+
+def _einsum_one_row(subscripts, operands):
+    """Whether a two-operand einsum multiplies one row of its first operand: the axes of operand 0
+    absent from operand 1 (its rows, as a GEMM sees them) hold one element, and operand 0's first
+    axis (its letter or an ellipsis) is the output's first, so padding that axis pads the output's.
+    `subscripts` as attnkit writes them: "btc,chd->bthd", "...d,vd->...v"; operand 1 without an ellipsis."""
+    inputs, _, output = subscripts.replace(" ", "").partition("->")
+    parts = inputs.split(",")
+    if len(parts) != 2 or "..." in parts[1] or not output:
+        return False
+    first, second = parts
+    a = operands[0]
+    if "..." in first:
+        if not (first.startswith("...") and output.startswith("...")):
+            return False
+        first = "#" * (a.ndim - (len(first) - 3)) + first[3:]  # one stand-in letter per ellipsis axis
+    elif output[0] != first[0]:
+        return False
+    if len(first) != a.ndim or a.ndim == 0 or a.shape[0] != 1:
+        return False
+    return math.prod(n for letter, n in zip(first, a.shape) if letter not in second) == 1
 
 
 def _jax_bfloat16(*operands):
@@ -358,7 +390,9 @@ def _jax_bfloat16(*operands):
     ~900 when asked for float32 products (`preferred_element_type`; a 2048^3 product on an
     AVX512-BF16 EPYC), which a cast then rounds once to bfloat16: the same float32 accumulation
     rounded once, by a faster kernel whose order of additions may differ in the last bit
-    (docs/decisions.md item 62).
+    (docs/decisions.md item 62). With one row, that dot takes a slow path: (1, 576) x (576, 49152)
+    took 29 ms, against 2.7 ms for the same row padded with a row of zeros, which `matmul` and
+    `einsum` add and cut off again (item 65).
     """
     if keras.backend.backend() != "jax":
         return False
@@ -678,6 +712,8 @@ def tensorflow_linear(x, kernel, bias, activation):
     if kernel.shape.rank != 2 or not kernel.shape.is_fully_defined():
         return None
     d_in, d_out = kernel.shape
+    if x.shape[-1] != d_in:  # unknown or wrong: the reshape below would not notice; keras.ops raises
+        return None
     rows = x if x.shape.rank == 2 else tf.reshape(x, [-1, d_in])  # (rows, d_in)
     y = tf.matmul(rows, kernel)  # (rows, d_out)
     if bias is not None:

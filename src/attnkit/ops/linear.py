@@ -30,13 +30,17 @@ def linear(x, kernel, bias=None, activation=None):
         (..., d_out).
 
     Raises:
-        ValueError: an unknown activation.
+        ValueError: an unknown activation, or `x`'s last axis not of length d_in.
 
     Example:
     >>> linear(ops.ones((2, 3)), ops.ones((3, 4)), ops.zeros((4,)), activation="relu").shape  # (2, 4)
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"`activation` must be one of {ACTIVATIONS}. Received: activation={activation!r}")
+    x_shape, kernel_shape = _static_shape(x), _static_shape(kernel)
+    if x_shape and kernel_shape and None not in (x_shape[-1], kernel_shape[0]) and x_shape[-1] != kernel_shape[0]:
+        raise ValueError(f"`x`'s last axis must have the length of `kernel`'s first (d_in). Received: x of "
+                         f"shape {x_shape}, kernel of shape {kernel_shape}")
     fused = _fused.linear(x, kernel, bias, activation)
     if fused is not None:
         return fused
@@ -52,3 +56,12 @@ def linear(x, kernel, bias=None, activation=None):
     elif activation == "gelu":
         y = ops.gelu(y, approximate=False)
     return ops.cast(y, "bfloat16") if accumulated else y
+
+
+def _static_shape(x):
+    """`x`'s shape as a tuple (None for axes unknown when traced), or None where it has none (a list)
+    or its rank is unknown."""
+    try:
+        return tuple(x.shape)
+    except (AttributeError, TypeError, ValueError):
+        return None
