@@ -115,3 +115,25 @@ def test_bfloat16_one_row_products_are_the_float64_product_rounded_once(rng, com
     assert tuple(y.shape) == exact.shape
     assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
     np.testing.assert_allclose(_float64(y), exact, rtol=HALF_ULP, atol=1e-6)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("operation, a_shape, b_shape", [
+    ("matmul", (1, 1, 8), (8,)),  # a vector b: the output has no row axis to cut
+    ("matmul", (1, 8), (8,)),
+    ("...ij,jk->...ki", (1, 8), (8, 4)),  # an ellipsis of no axes: operand 0's first axis is not the output's
+    ("...d,vd->...v", (1,), (5, 1)),
+    # a shared letter broadcast from 1 (tensorflow's einsum does not broadcast)
+    *(pytest.param(*case, marks=pytest.mark.skipif(BACKEND == "tensorflow", reason="tf.einsum refuses it"))
+      for case in [("bij,bjk->bik", (1, 1, 8), (3, 8, 4)), ("bi,bj->bij", (1, 1), (3, 2))]),
+])
+def test_bfloat16_products_keep_numpy_shapes_and_values(rng, compiled, operation, a_shape, b_shape):
+    """Shapes around the one-row padding (item 65) that must come out as NumPy's."""
+    a, b = _bf16(rng.standard_normal(a_shape)), _bf16(rng.standard_normal(b_shape))
+    if operation == "matmul":
+        fn, exact = _fused.matmul, np.matmul(_float64(a), _float64(b))
+    else:
+        fn, exact = (lambda a, b: _fused.einsum(operation, a, b)), np.einsum(operation, _float64(a), _float64(b))
+    y = (_jitted(fn) if compiled else fn)(a, b)
+    assert tuple(y.shape) == exact.shape
+    np.testing.assert_allclose(_float64(y), exact, rtol=HALF_ULP, atol=1e-6)

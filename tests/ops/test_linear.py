@@ -184,3 +184,28 @@ def test_mismatched_widths_are_an_error_compiled_too(rng, batch_shape):
         with pytest.raises(ValueError, match=r"`x`'s last axis must have the length of `kernel`'s first \(d_in\)\. "
                                              r"Received: x of shape \(.*6\), kernel of shape \(7, 13\)"):
             fn(ops.convert_to_tensor(x), ops.convert_to_tensor(kernel), ops.convert_to_tensor(bias))
+
+
+@pytest.mark.parametrize("bias_dtype", ["float32", "bfloat16"])
+def test_result_dtype_is_keras_promotion(rng, bias_dtype):
+    """bfloat16 x and kernel with a float32 bias give float32, as keras.ops' promotion does, on every
+    backend (the fused paths take one dtype only)."""
+    x, kernel, bias = operands(rng, (2, 3))
+    x, kernel, bias = ops.cast(x, "bfloat16"), ops.cast(kernel, "bfloat16"), ops.cast(bias, bias_dtype)
+    want = keras.backend.standardize_dtype(ops.add(ops.matmul(x, kernel), bias).dtype)
+    for fn in (linear, compiled(linear)):
+        assert keras.backend.standardize_dtype(fn(x, kernel, bias).dtype) == want
+
+
+def test_broadcast_bias_and_batched_kernel_as_keras_ops(rng):
+    """Outside the (d_in, d_out) / (d_out,) contract the values are still keras.ops': a (5, d_out)
+    bias broadcast over rows, a (2, d_in, d_out) kernel multiplied per batch entry."""
+    x = rng.standard_normal((2, 5, D_IN)).astype("float32")
+    kernel = rng.standard_normal((D_IN, D_OUT)).astype("float32")
+    bias = rng.standard_normal((5, D_OUT)).astype("float32")
+    batched = rng.standard_normal((2, D_IN, D_OUT)).astype("float32")
+    for fn in (linear, compiled(linear)):
+        got = fn(ops.convert_to_tensor(x), ops.convert_to_tensor(kernel), ops.convert_to_tensor(bias))
+        np.testing.assert_allclose(to_numpy(got), x.astype(np.float64) @ kernel + bias, atol=1e-5)
+        got = fn(ops.convert_to_tensor(x), ops.convert_to_tensor(batched), None)
+        np.testing.assert_allclose(to_numpy(got), x.astype(np.float64) @ batched, atol=1e-5)

@@ -337,7 +337,7 @@ def matmul(a, b, float32_products=False):
     if _jax_bfloat16(a, b):
         import jax.numpy as jnp
 
-        one_row = a.ndim >= 2 and a.shape[-2] == 1 and (b.ndim >= 3 or math.prod(a.shape[:-1]) == 1)
+        one_row = a.ndim >= 2 and b.ndim >= 2 and a.shape[-2] == 1 and (b.ndim >= 3 or math.prod(a.shape[:-1]) == 1)
         if one_row:  # (..., 1, k) -> (..., 2, k): see `_jax_bfloat16`
             a = jnp.concatenate([a, jnp.zeros_like(a)], axis=-2)
         y = jnp.matmul(a, b, preferred_element_type=jnp.float32)  # (..., m, n)
@@ -373,10 +373,11 @@ def _einsum_one_row(subscripts, operands):
     first, second = parts
     a = operands[0]
     if "..." in first:
-        if not (first.startswith("...") and output.startswith("...")):
+        covered = a.ndim - (len(first) - 3)  # axes the ellipsis stands for
+        if not (first.startswith("...") and output.startswith("...") and covered >= 1):
             return False
-        first = "#" * (a.ndim - (len(first) - 3)) + first[3:]  # one stand-in letter per ellipsis axis
-    elif output[0] != first[0]:
+        first = "#" * covered + first[3:]  # one stand-in letter per ellipsis axis
+    elif output[0] != first[0] or first[0] in second:  # a letter shared with operand 1 may broadcast
         return False
     if len(first) != a.ndim or a.ndim == 0 or a.shape[0] != 1:
         return False
@@ -679,6 +680,8 @@ def linear(x, kernel, bias, activation):
     operands = (x, kernel) if bias is None else (x, kernel, bias)
     if not all(isinstance(v, torch.Tensor) and v.dtype == x.dtype for v in operands) or not x.is_floating_point():
         return None
+    if kernel.dim() != 2 or (bias is not None and tuple(bias.shape) != (kernel.shape[1],)):
+        return None  # a batched kernel or a broadcast bias: keras.ops' matmul and add
     return torch_linear(x, kernel, bias, activation)
 
 
@@ -710,6 +713,8 @@ def tensorflow_linear(x, kernel, bias, activation):
     if any(v.dtype != x.dtype for v in operands) or x.shape.rank is None or x.shape.rank < 1:
         return None
     if kernel.shape.rank != 2 or not kernel.shape.is_fully_defined():
+        return None
+    if bias is not None and bias.shape.as_list() != [kernel.shape[1]]:  # tf.nn.bias_add does not broadcast
         return None
     d_in, d_out = kernel.shape
     if x.shape[-1] != d_in:  # unknown or wrong: the reshape below would not notice; keras.ops raises

@@ -38,7 +38,8 @@ def linear(x, kernel, bias=None, activation=None):
     if activation not in ACTIVATIONS:
         raise ValueError(f"`activation` must be one of {ACTIVATIONS}. Received: activation={activation!r}")
     x_shape, kernel_shape = _static_shape(x), _static_shape(kernel)
-    if x_shape and kernel_shape and None not in (x_shape[-1], kernel_shape[0]) and x_shape[-1] != kernel_shape[0]:
+    d_in = kernel_shape[-2 if len(kernel_shape) >= 2 else 0] if kernel_shape else None  # matmul's contracted axis
+    if x_shape and d_in is not None and x_shape[-1] is not None and x_shape[-1] != d_in:
         raise ValueError(f"`x`'s last axis must have the length of `kernel`'s first (d_in). Received: x of "
                          f"shape {x_shape}, kernel of shape {kernel_shape}")
     fused = _fused.linear(x, kernel, bias, activation)
@@ -47,7 +48,8 @@ def linear(x, kernel, bias=None, activation=None):
     # Mixed dtypes, NumPy inputs and the other backends: keras.ops' own promotion rules. bfloat16 jax
     # arrays: the bias and the activation apply to the float32 products, rounded once at the end, as
     # the fused kernels of torch and tensorflow do (docs/decisions.md item 64).
-    accumulated = _fused._jax_bfloat16(_fused._tensor(x), _fused._tensor(kernel))
+    operands = (x, kernel) if bias is None else (x, kernel, bias)
+    accumulated = _fused._jax_bfloat16(*(_fused._tensor(v) for v in operands))  # else keras' promotion
     y = _fused.matmul(x, kernel, float32_products=accumulated)  # (..., d_out)
     if bias is not None:
         y = ops.add(y, ops.cast(bias, "float32") if accumulated else bias)
