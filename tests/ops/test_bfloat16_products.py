@@ -103,15 +103,21 @@ ONE_ROW_PRODUCTS = [
 ]
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("operation, a_shape, b_shape", ONE_ROW_PRODUCTS)
-def test_bfloat16_one_row_products_are_the_float64_product_rounded_once(rng, compiled, operation, a_shape, b_shape):
-    a, b = _bf16(rng.standard_normal(a_shape)), _bf16(rng.standard_normal(b_shape))
+def _product_and_float64(operation, a, b, compiled):
+    """(`_fused.matmul(a, b)` or `_fused.einsum(operation, a, b)`, jitted when `compiled`; the same
+    product of `a` and `b` in float64 NumPy)."""
     if operation == "matmul":
         fn, exact = _fused.matmul, np.matmul(_float64(a), _float64(b))
     else:
         fn, exact = (lambda a, b: _fused.einsum(operation, a, b)), np.einsum(operation, _float64(a), _float64(b))
-    y = (_jitted(fn) if compiled else fn)(a, b)
+    return (_jitted(fn) if compiled else fn)(a, b), exact
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("operation, a_shape, b_shape", ONE_ROW_PRODUCTS)
+def test_bfloat16_one_row_products_are_the_float64_product_rounded_once(rng, compiled, operation, a_shape, b_shape):
+    y, exact = _product_and_float64(operation, _bf16(rng.standard_normal(a_shape)),
+                                    _bf16(rng.standard_normal(b_shape)), compiled)
     assert tuple(y.shape) == exact.shape
     assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
     np.testing.assert_allclose(_float64(y), exact, rtol=HALF_ULP, atol=1e-6)
@@ -129,11 +135,7 @@ def test_bfloat16_one_row_products_are_the_float64_product_rounded_once(rng, com
 ])
 def test_bfloat16_products_keep_numpy_shapes_and_values(rng, compiled, operation, a_shape, b_shape):
     """Shapes around the one-row padding (item 65) that must come out as NumPy's."""
-    a, b = _bf16(rng.standard_normal(a_shape)), _bf16(rng.standard_normal(b_shape))
-    if operation == "matmul":
-        fn, exact = _fused.matmul, np.matmul(_float64(a), _float64(b))
-    else:
-        fn, exact = (lambda a, b: _fused.einsum(operation, a, b)), np.einsum(operation, _float64(a), _float64(b))
-    y = (_jitted(fn) if compiled else fn)(a, b)
+    y, exact = _product_and_float64(operation, _bf16(rng.standard_normal(a_shape)),
+                                    _bf16(rng.standard_normal(b_shape)), compiled)
     assert tuple(y.shape) == exact.shape
     np.testing.assert_allclose(_float64(y), exact, rtol=HALF_ULP, atol=1e-6)
