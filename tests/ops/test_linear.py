@@ -138,6 +138,24 @@ def test_compiled_equals_float64_reference(rng, activation, dtype, batch_shape):
         assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
 
 
+def test_compiled_bfloat16_gelu_over_its_whole_range():
+    """GELU of bfloat16 products from -10 to 10, through the negative tail where its values are
+    tiny. torch and jax apply the erf form, 0.5 y (1 + erf(y / sqrt 2)), to the float32 sum and
+    round once: within one bfloat16 rounding of the float64 value, plus 1e-6 absolute, the erf
+    form's loss of relative precision in the tail (docs/decisions.md item 66). tensorflow's
+    rounds to bfloat16 between its steps, and 1 + erf(y / sqrt 2) cancels to 0 below y = -2.9:
+    an absolute error up to 3e-3, a unit of bfloat16 at |y| (item 63)."""
+    y = np.linspace(-10, 10, 4001)  # the products, exact: bfloat16 values times an identity kernel
+    x = rounded(y.reshape(-1, 1).astype("float32"), "bfloat16")  # (4001, 1)
+    got = compiled(lambda a, k: linear(a, k, activation="gelu"))(
+        ops.cast(x, "bfloat16"), ops.cast(np.ones((1, 1)), "bfloat16"))
+    want = erf_gelu(x)
+    got = to_numpy(ops.cast(got, "float32")).astype(np.float64)
+    bound = 2**-8 * (np.abs(want) + (np.abs(x) if keras.backend.backend() == "tensorflow" else 0)) + 1e-6
+    assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
+    assert np.all(got[x < -5.5] <= 0) and got[-1, 0] == 10.0  # sign kept; the top is the identity
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a tf.function traced for unknown batch axes")
 def test_unknown_batch_axes_keep_their_static_shape(rng):
     import tensorflow as tf
