@@ -57,3 +57,46 @@ def test_uses_weights_assigned_after_it_was_made(rng, encoder):
 def test_records_no_autograd_graph_on_torch(rng, encoder):
     out = inference_function(encoder)(token_ids(rng))
     assert not out.requires_grad and out.grad_fn is None
+
+
+@pytest.fixture
+def mixed_encoder(rng):
+    """The encoder under `mixed_bfloat16`, its float32 weights random (none of them bfloat16 values)."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = attnkit.Encoder(30, T, 2, 4, 4, D, 16, 2, 0.5)
+        model.build((None, T))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model.set_weights([rng.standard_normal(w.shape).astype("float32") for w in model.get_weights()])
+    return model
+
+
+def compiled_reference(model, ids):
+    """The model's compiled inference on its float32 variables, as passed before item 67."""
+    import jax
+
+    run = jax.jit(lambda tr, nt, x: model.stateless_call(tr, nt, x, training=False)[0])
+    return to_numpy(run([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables], ids))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax passes the variables as arguments, cast where only cast copies are read")
+def test_mixed_bfloat16_passes_cast_variables_and_keeps_the_numbers(rng, mixed_encoder):
+    """Kernels and biases are passed as bfloat16 copies; LayerNorm's gamma and beta and the embedding
+    tables, read in float32, are not: the outputs are the same bits (docs/decisions.md item 67), and
+    weights assigned later are used."""
+    from attnkit.models import _inference
+
+    ids = token_ids(rng)
+    run = inference_function(mixed_encoder)
+    np.testing.assert_array_equal(to_numpy(run(ids)), compiled_reference(mixed_encoder, ids))
+    values = [v.value for v in [*mixed_encoder.trainable_variables, *mixed_encoder.non_trainable_variables]]
+    n = len(mixed_encoder.trainable_variables)
+    call = lambda tr, nt, x: mixed_encoder.stateless_call(tr, nt, x, training=False)[0]  # noqa: E731
+    dtypes = _inference._narrowed_dtypes(call, n, values, (ids,))
+    paths = [v.path for v in [*mixed_encoder.trainable_variables, *mixed_encoder.non_trainable_variables]]
+    narrowed = {p for p, dtype in zip(paths, dtypes) if dtype is not None}
+    assert narrowed and all(p.endswith(("kernel", "bias")) for p in narrowed), narrowed
+    assert not any(p.endswith(("gamma", "beta", "embeddings")) for p in narrowed)
+    mixed_encoder.set_weights([rng.standard_normal(w.shape).astype("float32") for w in mixed_encoder.get_weights()])
+    np.testing.assert_array_equal(to_numpy(run(ids)), compiled_reference(mixed_encoder, ids))
