@@ -100,3 +100,38 @@ def test_mixed_bfloat16_passes_cast_variables_and_keeps_the_numbers(rng, mixed_e
     assert not any(p.endswith(("gamma", "beta", "embeddings")) for p in narrowed)
     mixed_encoder.set_weights([rng.standard_normal(w.shape).astype("float32") for w in mixed_encoder.get_weights()])
     np.testing.assert_array_equal(to_numpy(run(ids)), compiled_reference(mixed_encoder, ids))
+
+
+def test_nested_inputs_are_passed_as_they_are(rng):
+    """A model of a dict of inputs runs as it does eagerly (on jax, the signature of the kept casts
+    is read from the inputs' leaves)."""
+    a, b = keras.Input((4,), name="a"), keras.Input((4,), name="b")
+    model = keras.Model({"a": a, "b": b}, keras.layers.Dense(3)(keras.layers.Add()([a, b])))
+    x = {"a": rng.standard_normal((2, 4)).astype("float32"), "b": rng.standard_normal((2, 4)).astype("float32")}
+    np.testing.assert_allclose(to_numpy(inference_function(model)(x)), to_numpy(model(x)), atol=1e-6)
+
+
+class CastToInputDtype(keras.layers.Layer):
+    """x @ w with w cast to x's dtype: one variable that calls of two dtypes read in two half dtypes."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], 4), initializer="random_normal")
+
+    def call(self, x, training=None):
+        return keras.ops.matmul(x, keras.ops.cast(self.w, x.dtype))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax passes the variables as arguments, cast where only cast copies are read")
+def test_a_kept_cast_is_made_again_for_another_half_dtype(rng):
+    """The same unchanged variable read as bfloat16, then as float16: the float16 call gets float16(w),
+    not float16 of the kept bfloat16(w)."""
+    import jax
+
+    layer = CastToInputDtype()
+    layer.build((None, 3))
+    layer.set_weights([1.2345 * rng.standard_normal((3, 4)).astype("float32")])
+    run = inference_function(layer)
+    for dtype in ("bfloat16", "float16", "bfloat16"):
+        x = jax.numpy.eye(3, dtype=dtype)
+        want = compiled_reference(layer, x)
+        np.testing.assert_array_equal(to_numpy(run(x)), want)

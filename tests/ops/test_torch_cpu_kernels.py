@@ -444,6 +444,26 @@ def test_whole_sequences_in_bfloat16_run_in_chunks_close_to_float64(rng, monkeyp
     np.testing.assert_allclose(outputs[0], expected, rtol=0, atol=0.05)
 
 
+@pytest.mark.parametrize("default_dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("T_q", [1, 40])
+def test_bfloat16_batched_gemms_do_not_depend_on_torchs_default_dtype(rng, one_python_thread, default_dtype, T_q):
+    """The float32 scores are float32 whatever `torch.set_default_dtype` says: a decoding step
+    (T_q = 1) and a whole sequence give the numbers they give under the float32 default."""
+    from attnkit.ops import fused_attention
+
+    q, k, v = _bf16(rng, (2, 4, T_q, 16), 2.0), _bf16(rng, (2, 4, 40, 16), 2.0), _bf16(rng, (2, 4, 40, 16))
+    assert _fused._bmm_takes(q, k, v)
+    with torch.no_grad():
+        want = fused_attention(q, k, v).float().numpy()
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(default_dtype)
+        try:
+            got = fused_attention(q, k, v).float().numpy()
+        finally:
+            torch.set_default_dtype(previous)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_whole_sequence_scores_stay_float32_and_the_matmul_precision_is_restored(one_python_thread):
     """Scores near 200 are 1.0 apart in bfloat16; the bfloat16 products behind the float32 scores'
     GEMM are exact for bfloat16 factors, and the process-wide precision goes back afterwards."""

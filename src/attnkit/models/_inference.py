@@ -56,24 +56,29 @@ def _jax_inference_function(model, call_kwargs):
         return outputs
 
     stateless = jax.jit(call)
-    narrowed = {}  # input signature -> per variable, the dtype to pass it in, or None
-    kept = {}  # variable position -> (the value it was cast from, the cast)
+    narrowed = {}  # signature -> per variable, the dtype to pass it in, or None
+    kept = {}  # variable position -> (the value it was cast from, the dtype, the cast)
 
     def run(*inputs):
         variables = [*model.trainable_variables, *model.non_trainable_variables]
         values = [v.value for v in variables]
-        # Variables replaced (quantize, LoRA) or inputs of another shape: the program is another.
+        # Variables replaced (quantize, LoRA) or inputs of another structure or shape: another program.
+        leaves, structure = jax.tree_util.tree_flatten(inputs)
         signature = (len(model.trainable_variables), *((id(v), v.dtype, tuple(v.shape)) for v in variables),
-                     *((jax.numpy.shape(x), jax.numpy.result_type(x)) for x in inputs))
+                     structure, *((jax.numpy.shape(x), jax.numpy.result_type(x)) for x in leaves))
         if signature not in narrowed:
             narrowed[signature] = _narrowed_dtypes(call, len(model.trainable_variables), values, inputs)
+        # Only the casts this call passes are kept: replaced or no longer narrowed variables are let go.
+        now = {}
         for i, dtype in enumerate(narrowed[signature]):
             if dtype is not None:
-                source, cast = kept.get(i, (None, None))
-                if source is not values[i]:
+                source, source_dtype, cast = kept.get(i, (None, None, None))
+                if source is not values[i] or source_dtype != dtype:
                     cast = values[i].astype(dtype)
-                    kept[i] = (values[i], cast)
+                now[i] = (values[i], dtype, cast)
                 values[i] = cast
+        kept.clear()
+        kept.update(now)
         n = len(model.trainable_variables)
         return stateless(values[:n], values[n:], *inputs)
 

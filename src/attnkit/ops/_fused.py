@@ -244,7 +244,7 @@ def _torch_bmm(queries, keys, values, keep, causal, scale):
             has_key = keep.any(dim=-1, keepdim=True)  # (N, g|1, T_q|1, 1)
     out = v.new_empty(n, g * T_q, d_v)
     chunk = max(1, BMM_CHUNK_BYTES // (g * T_q * T_k * 4))  # groups per chunk
-    scores = torch.empty(min(chunk, n), g * T_q, T_k, device=q.device)  # float32
+    scores = torch.empty(min(chunk, n), g * T_q, T_k, dtype=torch.float32, device=q.device)
     products = _bfloat16_products() if _bfloat16_products_safe() else contextlib.nullcontext()
     with products:
         for start, stop, groups in _group_chunks(n, h_kv, chunk):
