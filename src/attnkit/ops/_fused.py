@@ -703,6 +703,13 @@ def linear(x, kernel, bias, activation):
     return torch_linear(x, kernel, bias, activation)
 
 
+def gelu_erf(y):
+    """GELU in its erf form, 0.5 y (1 + erf(y / sqrt 2)): the form oneDNN's kernels compute (torch's,
+    tensorflow's fused matmul), cheaper under XLA than the erfc form of jax's and tensorflow's GELU,
+    less precise in the negative tail (docs/decisions.md items 63 and 66)."""
+    return 0.5 * y * (1.0 + ops.erf(y * 0.7071067811865476))
+
+
 def tensorflow_linear(x, kernel, bias, activation):
     """activation(x @ kernel + bias) for tensorflow tensors of one floating dtype, or None, as the ops
     grappler's remapper fuses into one oneDNN matmul inside a `tf.function` (docs/decisions.md item 63).
@@ -744,8 +751,7 @@ def tensorflow_linear(x, kernel, bias, activation):
     if activation == "relu":
         y = tf.nn.relu(y)
     elif activation == "gelu":
-        # 0.5 y (1 + erf(y / sqrt 2)): the remapper's GeluExact pattern (tf.nn.gelu's erfc form is not).
-        y = 0.5 * y * (1.0 + tf.math.erf(y * 0.7071067811865476))
+        y = gelu_erf(y)  # the remapper's GeluExact pattern (tf.nn.gelu's erfc form is not)
     if x.shape.rank == 2:
         return y
     out = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [d_out]], axis=0))  # (..., d_out)

@@ -8,7 +8,6 @@ from keras import ops
 from attnkit.ops import _fused
 
 ACTIVATIONS = (None, "relu", "gelu")
-SQRT_HALF = 0.7071067811865476
 
 
 def linear(x, kernel, bias=None, activation=None):
@@ -59,7 +58,7 @@ def linear(x, kernel, bias=None, activation=None):
     elif activation == "gelu" and accumulated:
         # The erf form, as torch's and tensorflow's kernels compute it: XLA's erfc (jax's GELU) costs
         # as much as the product before it (docs/decisions.md item 66).
-        y = 0.5 * y * (1.0 + ops.erf(y * SQRT_HALF))
+        y = _fused.gelu_erf(y)
     elif activation == "gelu":
         y = ops.gelu(y, approximate=False)
     return ops.cast(y, "bfloat16") if accumulated else y
