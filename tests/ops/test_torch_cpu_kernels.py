@@ -108,8 +108,17 @@ def test_onednn_second_derivatives_equal_torchs(rng):
     torch.testing.assert_close(kernel.grad, theirs.grad, rtol=1e-4, atol=1e-4)
 
 
-def test_bfloat16_linear_is_close_to_float64(rng):
-    x = rng.standard_normal((16, 64)).astype("float32")
+@pytest.fixture
+def native_or_not(monkeypatch, request):
+    """Runs the test as on a CPU with oneDNN's half-precision kernels and as on one without
+    (`_fused.native_half`); only paths that run on either kind of CPU take this fixture."""
+    monkeypatch.setattr(_fused, "native_half", lambda dtype: request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("rows", [16, 64])
+def test_bfloat16_linear_is_close_to_float64(rng, rows):
+    x = rng.standard_normal((rows, 64)).astype("float32")
     kernel, bias = (rng.standard_normal((64, 32)) / 8).astype("float32"), rng.standard_normal(32).astype("float32")
     as_bf16 = [torch.from_numpy(a).bfloat16() for a in (x, kernel, bias)]
     with torch.no_grad():
@@ -117,6 +126,44 @@ def test_bfloat16_linear_is_close_to_float64(rng):
     assert got.dtype == torch.bfloat16
     exact = _float64_linear(*(a.float().numpy() for a in as_bf16), "relu")  # the rounded inputs, exactly
     np.testing.assert_allclose(got.float().numpy(), exact, rtol=2**-7, atol=2**-7)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("autograd", [False, True])
+def test_half_precision_linear_without_native_kernels_is_float32_arithmetic_rounded_once(rng, monkeypatch, dtype, activation, autograd):
+    """On a CPU without oneDNN's half-precision kernels (an AVX2 EPYC, where oneDNN refuses a bfloat16
+    linear) products of ONEDNN_BFLOAT16_MIN_ROWS rows or more run in float32 on the exact casts: the
+    float64 result of the rounded inputs, rounded once to the dtype (within one unit of float32's
+    order of additions); fewer rows stay in torch's half-precision GEMM."""
+    monkeypatch.setattr(_fused, "native_half", lambda d: False)
+    dtype = getattr(torch, dtype)
+    x = torch.from_numpy(rng.standard_normal((2, 24, 48)).astype("float32")).to(dtype)  # 48 rows
+    kernel = torch.from_numpy((rng.standard_normal((48, 40)) / 6).astype("float32")).to(dtype)
+    bias = torch.from_numpy(rng.standard_normal(40).astype("float32")).to(dtype)
+    assert _fused._half_as_float32(x, kernel.t()) and not _fused._onednn_takes(x, kernel.t(), bias)
+    assert not _fused._half_as_float32(x[:1, :8], kernel.t())  # 8 rows: torch's own GEMM
+    exact = _float64_linear(*(t.double().numpy() for t in (x, kernel, bias)), activation)
+    if activation == "gelu":
+        exact = torch.nn.functional.gelu(torch.from_numpy(exact)).numpy()
+    if autograd:
+        x.requires_grad_(True), kernel.requires_grad_(True)
+        got = _fused.torch_linear(x, kernel, bias, activation)
+        got.float().sum().backward()
+        assert x.grad.dtype == kernel.grad.dtype == dtype and tuple(kernel.grad.shape) == (48, 40)
+        slope = (exact > 0) if activation == "relu" else np.ones_like(exact)
+        if activation != "gelu":  # d/dx sum(f(x K + b)) = f' K^T summed over the outputs
+            want_x = slope @ kernel.detach().double().numpy().T
+            np.testing.assert_allclose(x.grad.double().numpy(), want_x, rtol=2**-7, atol=2**-6)
+    else:
+        with torch.no_grad():
+            got = _fused.torch_linear(x, kernel, bias, activation)
+    assert got.dtype == dtype and tuple(got.shape) == (2, 24, 40)
+    rounded = torch.from_numpy(exact).to(dtype).double().numpy()
+    # One unit in the last place of the dtype, plus float32's own error on 48 products.
+    magnitude = np.abs(x.detach().double().numpy()) @ np.abs(kernel.detach().double().numpy()) + np.abs(bias.double().numpy())
+    bound = np.abs(rounded) * (2.0**-7 if dtype == torch.bfloat16 else 2.0**-10) + 48 * 2.0**-24 * magnitude
+    np.testing.assert_array_less(np.abs(got.detach().double().numpy() - rounded), bound + 2.0**-24)
 
 
 def _mixed_dense(rng, units=12):
@@ -191,8 +238,9 @@ def _bf16(rng, shape, scale=1.0):
     return torch.from_numpy((rng.standard_normal(shape) * scale).astype("float32")).bfloat16()
 
 
+@pytest.mark.parametrize("native_or_not", [True, False], indirect=True)
 @pytest.mark.parametrize("case", ["plain", "causal", "mask with empty rows", "4d mask"])
-def test_bfloat16_attention_as_batched_gemms_is_close_to_float64(rng, case):
+def test_bfloat16_attention_as_batched_gemms_is_close_to_float64(rng, native_or_not, case):
     from attnkit.ops import fused_attention
 
     q, k, v = _bf16(rng, (2, 3, 6, 8), 2.0), _bf16(rng, (2, 3, 6, 8), 2.0), _bf16(rng, (2, 3, 6, 5))
@@ -283,7 +331,10 @@ def test_a_kept_row_major_copy_follows_its_kernel(rng):
 def test_bfloat16_products_of_few_rows_run_as_torchs_gemm_and_equal_float64(rng, rows):
     x = torch.from_numpy(rng.standard_normal((rows, 24)).astype("float32")).bfloat16()
     kernel = torch.from_numpy((rng.standard_normal((24, 40)) / 4).astype("float32")).bfloat16()
-    assert _fused._onednn_takes(x, kernel.t(), None) == (rows >= _fused.ONEDNN_BFLOAT16_MIN_ROWS)
+    many = rows >= _fused.ONEDNN_BFLOAT16_MIN_ROWS
+    native = _fused.native_half(torch.bfloat16)
+    assert _fused._onednn_takes(x, kernel.t(), None) == (many and native)
+    assert _fused._half_as_float32(x, kernel.t()) == (many and not native)
     with torch.no_grad():
         got = _fused.torch_linear(x, kernel, None).float().numpy()
     exact = x.double().numpy() @ kernel.double().numpy()
@@ -413,8 +464,9 @@ def _attention_expected(q, k, v, keep):
     return reference.attention(q.double().numpy(), k, v, keep)[0], ~keep.any(-1)
 
 
+@pytest.mark.parametrize("native_or_not", [True, False], indirect=True)
 @pytest.mark.parametrize("case", ["plain", "causal", "padding with an empty example", "per-head mask", "grouped"])
-def test_whole_sequences_in_bfloat16_run_in_chunks_close_to_float64(rng, monkeypatch, one_python_thread, case):
+def test_whole_sequences_in_bfloat16_run_in_chunks_close_to_float64(rng, monkeypatch, one_python_thread, native_or_not, case):
     """Whole sequences (more than BMM_MAX_ROWS query rows) take the batched GEMMs too, a few heads at a
     time; chunks of one group, of two (the last one short) and all at once give the same numbers."""
     from attnkit.ops.grouped_attention import grouped_query_attention

@@ -11,6 +11,7 @@ the explicit `keras.ops` path, which gives the same numbers.
 Legend: B batch, h heads, T_q/T_k lengths, d_k/d_v widths.
 """
 
+import functools
 import math
 import os
 import weakref
@@ -246,6 +247,7 @@ def _torch_bmm(queries, keys, values, keep, causal, scale):
     chunk = max(1, BMM_CHUNK_BYTES // (g * T_q * T_k * 4))  # groups per chunk
     scores = torch.empty(min(chunk, n), g * T_q, T_k, dtype=torch.float32, device=q.device)
     products = _bfloat16_products() if _bfloat16_products_safe() else contextlib.nullcontext()
+    native = native_half(torch.bfloat16)
     with products:
         for start, stop, groups in _group_chunks(n, h_kv, chunk):
             part = scores[: stop - start]  # (c, g T_q, T_k)
@@ -257,7 +259,12 @@ def _torch_bmm(queries, keys, values, keep, causal, scale):
             weights = torch.softmax(part, dim=-1)  # NaN on rows with no key
             if has_key is not None:
                 weights.view(-1, g, T_q, T_k).masked_fill_(has_key[start:stop].logical_not(), 0)
-            torch.bmm(weights.to(values.dtype), v[groups].reshape(-1, T_k, d_v), out=out[start:stop])
+            weights = weights.to(values.dtype)  # rounded as the flash kernel rounds them
+            v_c = v[groups].reshape(-1, T_k, d_v)  # (c, T_k, d_v)
+            if native:
+                torch.bmm(weights, v_c, out=out[start:stop])
+            else:  # exact products in float32, rounded once, as `torch_linear` multiplies there
+                out[start:stop] = torch.bmm(weights.float(), v_c.float())
     return out.view(*lead, h, T_q, d_v)  # (..., h, T_q, d_v)
 
 
@@ -781,6 +788,11 @@ def torch_linear(x, kernel, bias, activation=None):
     import torch.nn.functional as F
 
     weight = kernel.t()  # (d_out, d_in), torch.nn.Linear's layout, as a view
+    if _half_as_float32(x, weight):
+        # Half-precision factors multiply exactly in float32, and oneDNN's half-precision kernels
+        # accumulate in float32 and round once: the same arithmetic, on a CPU without those kernels.
+        f32 = [None if t is None else t.float() for t in (x, kernel, bias)]
+        return torch_linear(*f32, activation).to(x.dtype)
     if _onednn_takes(x, weight, bias):
         if _records_graph(x, weight, bias):
             if activation != "gelu":
@@ -808,18 +820,46 @@ def torch_linear(x, kernel, bias, activation=None):
     return y
 
 
-# bfloat16 products of fewer rows than this run as torch's GEMM (`_onednn_takes`).
+# bfloat16 products of fewer rows than this run as torch's GEMM (`_onednn_takes`, `_half_as_float32`).
 ONEDNN_BFLOAT16_MIN_ROWS = 32
+
+
+@functools.cache
+def native_half(dtype):
+    """Whether this CPU's oneDNN multiplies torch's `dtype` (bfloat16 or float16) in its own
+    half-precision kernels: bfloat16 from AVX-512 (natively with AVX512-BF16 or AMX) or AVX2-VNNI-2,
+    float16 from AVX512-FP16 or AMX-FP16. Without them oneDNN refuses a bfloat16 linear ("could not
+    create a primitive descriptor") and torch's own half-precision GEMM runs at ~8 GFLOP/s on an
+    AVX2 EPYC, 5x slower than the same product in float32 (docs/decisions.md item 69)."""
+    import torch
+
+    supported = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
+    check = getattr(torch.ops.mkldnn, supported[dtype], None)
+    return bool(check is not None and torch.backends.mkldnn.is_available() and check())
+
+
+def _half_as_float32(x, weight):
+    """Whether `torch_linear` multiplies these half-precision torch tensors in float32 on exact casts:
+    on the CPU, ONEDNN_BFLOAT16_MIN_ROWS rows or more, where oneDNN has no native kernels for the
+    dtype (`native_half`). Fewer rows stay in torch's half-precision GEMM, which reads the kernel
+    once, where the cast would read it and write it twice as wide."""
+    import torch
+
+    if not (x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and x.device.type == "cpu"):
+        return False
+    return x.dim() >= 2 and x.numel() >= ONEDNN_BFLOAT16_MIN_ROWS * x.shape[-1] > 0 and not native_half(x.dtype)
 
 
 def _onednn_takes(x, weight, bias):
     """Whether oneDNN's linear computes x weight^T + bias for these torch tensors, x (..., d_in) and
     weight (d_out, d_in), contiguous or a transposed view of a contiguous (d_in, d_out) kernel: on the
     CPU, float32 with at least two rows (for one row torch's GEMV is as fast or faster) or bfloat16
-    with at least ONEDNN_BFLOAT16_MIN_ROWS."""
+    with at least ONEDNN_BFLOAT16_MIN_ROWS where the CPU has oneDNN's bfloat16 kernels (`native_half`)."""
     import torch
 
     if not (ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype):
+        return False
+    if x.dtype == torch.bfloat16 and not native_half(x.dtype):
         return False
     if not (x.dim() >= 2 and x.numel() >= 2 * x.shape[-1] > 0 and weight.dim() == 2):
         return False
