@@ -147,23 +147,46 @@ def test_half_precision_linear_without_native_kernels_is_float32_arithmetic_roun
     if activation == "gelu":
         exact = torch.nn.functional.gelu(torch.from_numpy(exact)).numpy()
     if autograd:
-        x.requires_grad_(True), kernel.requires_grad_(True)
+        wide = [t.double().requires_grad_(True) for t in (x, kernel, bias)]  # float64 autograd, same values
+        y = wide[0] @ wide[1] + wide[2]
+        y = {None: y, "relu": torch.relu(y), "gelu": torch.nn.functional.gelu(y)}[activation]
+        y.sum().backward()
+        for t in (x, kernel, bias):
+            t.requires_grad_(True)
         got = _fused.torch_linear(x, kernel, bias, activation)
         got.float().sum().backward()
-        assert x.grad.dtype == kernel.grad.dtype == dtype and tuple(kernel.grad.shape) == (48, 40)
-        slope = (exact > 0) if activation == "relu" else np.ones_like(exact)
-        if activation != "gelu":  # d/dx sum(f(x K + b)) = f' K^T summed over the outputs
-            want_x = slope @ kernel.detach().double().numpy().T
-            np.testing.assert_allclose(x.grad.double().numpy(), want_x, rtol=2**-7, atol=2**-6)
+        for ours, want in zip((x, kernel, bias), wide):
+            assert ours.grad.dtype == dtype and ours.grad.shape == want.grad.shape
+            # float32 gradients rounded to the dtype; their sums of up to 48 terms of |.| <= ~3
+            np.testing.assert_allclose(ours.grad.double().numpy(), want.grad.numpy(), rtol=2**-6, atol=2**-5)
     else:
         with torch.no_grad():
             got = _fused.torch_linear(x, kernel, bias, activation)
     assert got.dtype == dtype and tuple(got.shape) == (2, 24, 40)
     rounded = torch.from_numpy(exact).to(dtype).double().numpy()
     # One unit in the last place of the dtype, plus float32's own error on 48 products.
-    magnitude = np.abs(x.detach().double().numpy()) @ np.abs(kernel.detach().double().numpy()) + np.abs(bias.double().numpy())
+    magnitude = np.abs(x.detach().double().numpy()) @ np.abs(kernel.detach().double().numpy()) + np.abs(bias.detach().double().numpy())
     bound = np.abs(rounded) * (2.0**-7 if dtype == torch.bfloat16 else 2.0**-10) + 48 * 2.0**-24 * magnitude
     np.testing.assert_array_less(np.abs(got.detach().double().numpy() - rounded), bound + 2.0**-24)
+
+
+@pytest.mark.parametrize("native_or_not", [True, False], indirect=True)
+def test_a_tied_vocabulary_projection_in_bfloat16_is_close_to_float64(rng, native_or_not):
+    """`times_transposed` (x weight^T for a (vocabulary, d) table) multiplies as `torch_linear` does:
+    oneDNN's bfloat16 linear where the CPU has it, the float32 product of the casts where it has not,
+    torch's bfloat16 GEMM for few rows; a bias of another dtype is refused by torch, not mixed in."""
+    if native_or_not and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN has no bfloat16 linear on this CPU (AVX2): it would refuse the product")
+    weight = torch.from_numpy((rng.standard_normal((50, 24)) / 5).astype("float32")).bfloat16()
+    for rows in (3, 40):
+        x = torch.from_numpy(rng.standard_normal((rows, 24)).astype("float32")).bfloat16()
+        assert _fused._half_as_float32(x, weight) == (rows >= _fused.ONEDNN_BFLOAT16_MIN_ROWS and not native_or_not)
+        with torch.no_grad():
+            got = _fused.times_transposed(x, weight)
+        assert got.dtype == torch.bfloat16 and tuple(got.shape) == (rows, 50)
+        exact = x.double().numpy() @ weight.double().numpy().T
+        np.testing.assert_allclose(got.double().numpy(), exact, rtol=2**-7, atol=2**-7)
+    assert not _fused._half_as_float32(x, weight.t(), torch.zeros(50))  # float32 bias: not cast in silently
 
 
 def _mixed_dense(rng, units=12):

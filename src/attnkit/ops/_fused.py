@@ -189,7 +189,9 @@ class _bfloat16_products:
     returning float32 (`torch.backends.mkldnn.matmul.fp32_precision = "bf16"`). Exact for factors
     that are bfloat16 values cast to float32: a bfloat16 x bfloat16 -> float32 GEMM, which torch has
     no other way to ask for on the CPU (`out_dtype` is CUDA's only), 2.9x faster than IEEE float32
-    here. The setting is process-wide: enter only when `_bfloat16_products_safe()`."""
+    on an AVX512-BF16 EPYC. Without oneDNN's bfloat16 kernels (AVX2) oneDNN ignores the setting and
+    the products are IEEE float32's, as exact for such factors. The setting is process-wide: enter
+    only when `_bfloat16_products_safe()`."""
 
     def __enter__(self):
         import torch
@@ -678,6 +680,8 @@ def times_transposed(x, weight):
         import torch.nn.functional as F
 
         weight = _tensor(weight)
+        if _half_as_float32(x, weight):  # as `torch_linear` multiplies there (docs/decisions.md item 69)
+            return times_transposed(x.float(), weight.float()).to(x.dtype)
         if _onednn_takes(x, weight, None):
             return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "none")
         return F.linear(x, weight)
@@ -773,10 +777,12 @@ ONEDNN = os.environ.get("ATTNKIT_ONEDNN", "1") != "0"
 def torch_linear(x, kernel, bias, activation=None):
     """activation(x @ kernel + bias) for torch tensors of one floating dtype, in one GEMM.
 
-    float32 and bfloat16 products of two rows or more on the CPU run through oneDNN's linear
-    (`torch.ops.mkldnn._linear_pointwise`, the kernel torch's own compiler uses for frozen CPU
-    models), with the bias and the activation fused into it; under autograd (activation None or ReLU)
-    its backward's products run through it too (`_OneDNNLinear`). torch's default CPU GEMM for float32
+    float32 products of two rows or more on the CPU, and bfloat16 ones of ONEDNN_BFLOAT16_MIN_ROWS or
+    more, run through oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, the kernel torch's own
+    compiler uses for frozen CPU models), with the bias and the activation fused into it; under
+    autograd (activation None or ReLU) its backward's products run through it too (`_OneDNNLinear`).
+    On a CPU without oneDNN's half-precision kernels (AVX2), half-precision products of that many
+    rows run as the float32 linear of their exact casts, rounded once (`_half_as_float32`). torch's default CPU GEMM for float32
     is MKL's, which on AMD CPUs runs at AVX2 speed: 2.2x slower than oneDNN on an AVX-512 EPYC
     (docs/decisions.md item 60). Elsewhere (single rows, other dtypes, GELU under autograd) one
     `F.linear` on the kernel's transposed view.
@@ -788,7 +794,7 @@ def torch_linear(x, kernel, bias, activation=None):
     import torch.nn.functional as F
 
     weight = kernel.t()  # (d_out, d_in), torch.nn.Linear's layout, as a view
-    if _half_as_float32(x, weight):
+    if _half_as_float32(x, weight, bias):
         # Half-precision factors multiply exactly in float32, and oneDNN's half-precision kernels
         # accumulate in float32 and round once: the same arithmetic, on a CPU without those kernels.
         f32 = [None if t is None else t.float() for t in (x, kernel, bias)]
@@ -820,7 +826,7 @@ def torch_linear(x, kernel, bias, activation=None):
     return y
 
 
-# bfloat16 products of fewer rows than this run as torch's GEMM (`_onednn_takes`, `_half_as_float32`).
+# Half-precision products of fewer rows than this run as torch's GEMM (`_onednn_takes`, `_half_as_float32`).
 ONEDNN_BFLOAT16_MIN_ROWS = 32
 
 
@@ -838,15 +844,17 @@ def native_half(dtype):
     return bool(check is not None and torch.backends.mkldnn.is_available() and check())
 
 
-def _half_as_float32(x, weight):
-    """Whether `torch_linear` multiplies these half-precision torch tensors in float32 on exact casts:
-    on the CPU, ONEDNN_BFLOAT16_MIN_ROWS rows or more, where oneDNN has no native kernels for the
-    dtype (`native_half`). Fewer rows stay in torch's half-precision GEMM, which reads the kernel
+def _half_as_float32(x, weight, bias=None):
+    """Whether `torch_linear` multiplies these half-precision torch tensors (bfloat16 or float16, the
+    bias too) in float32 on exact casts: on the CPU, ONEDNN_BFLOAT16_MIN_ROWS rows or more, where
+    oneDNN has no native kernels for the dtype (`native_half`). Fewer rows stay in torch's half-precision GEMM, which reads the kernel
     once, where the cast would read it and write it twice as wide."""
     import torch
 
     if not (x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and x.device.type == "cpu"):
         return False
+    if bias is not None and bias.dtype != x.dtype:
+        return False  # torch's own GEMM refuses the mix, as it does for fewer rows
     return x.dim() >= 2 and x.numel() >= ONEDNN_BFLOAT16_MIN_ROWS * x.shape[-1] > 0 and not native_half(x.dtype)
 
 

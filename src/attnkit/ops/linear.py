@@ -13,9 +13,10 @@ ACTIVATIONS = (None, "relu", "gelu")
 def linear(x, kernel, bias=None, activation=None):
     """activation(x @ kernel + bias), as `keras.layers.Dense` computes it, fused where the backend can.
 
-    On torch this is one `torch.nn.functional.linear` (the bias added inside the GEMM) on the kernel's
-    transposed view, with ReLU applied in place on the fresh output; half-precision kernels are laid
-    out as torch's CPU kernels need them. On tensorflow it is a 2-D MatMul, a BiasAdd and the
+    On torch this is one GEMM with the bias added inside it (`_fused.torch_linear`): oneDNN's linear
+    on the CPU, with the activation fused and its own backward, else `torch.nn.functional.linear` on
+    the kernel's transposed view; half-precision products on a CPU without half-precision kernels
+    run in float32 on the exact casts, rounded once. On tensorflow it is a 2-D MatMul, a BiasAdd and the
     activation, which a `tf.function` runs as one oneDNN matmul (`_fused.tensorflow_linear`). On jax
     it is `keras.ops.matmul` plus the bias and the activation, which XLA fuses; bfloat16 products
     are asked of XLA in float32 and rounded once (`_fused.matmul`, 2-3x faster on the CPU).
