@@ -371,6 +371,8 @@ def matmul(a, b, float32_products=False):
         if one_row:
             y = y[..., :1, :]
         return y if float32_products else y.astype(jnp.bfloat16)
+    if _tensorflow_bfloat16_as_float32(a, b):
+        return ops.cast(ops.matmul(ops.cast(a, "float32"), ops.cast(b, "float32")), "bfloat16")
     return ops.matmul(a, b)
 
 
@@ -385,6 +387,8 @@ def einsum(subscripts, *operands):
             operands = (jnp.concatenate([operands[0], jnp.zeros_like(operands[0])], axis=0), *operands[1:])
         y = jnp.einsum(subscripts, *operands, preferred_element_type=jnp.float32)
         return (y[:1] if one_row else y).astype(jnp.bfloat16)
+    if _tensorflow_bfloat16_as_float32(*operands):
+        return ops.cast(ops.einsum(subscripts, *(ops.cast(x, "float32") for x in operands)), "bfloat16")
     return ops.einsum(subscripts, *operands)
 
 
@@ -428,6 +432,34 @@ def _jax_bfloat16(*operands):
     import jax.numpy as jnp
 
     return all(isinstance(x, jax.Array) and x.dtype == jnp.bfloat16 for x in operands)
+
+
+def _tensorflow_bfloat16_as_float32(*operands):
+    """Whether tensorflow multiplies these bfloat16 tensors as float32 products of their exact casts:
+    on a CPU without oneDNN's bfloat16 kernels (`cpu_has_bfloat16_kernels`), where tensorflow's own
+    bfloat16 MatMul rounds partial sums (errors of twice the once-rounded product's on an AVX2
+    EPYC, docs/decisions.md item 69)."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    if not all(isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype == tf.bfloat16 for x in operands):
+        return False
+    return not cpu_has_bfloat16_kernels()
+
+
+@functools.cache
+def cpu_has_bfloat16_kernels():
+    """Whether this CPU runs oneDNN's bfloat16 kernels (AVX-512 core, AMX or AVX-NE-CONVERT), from
+    /proc/cpuinfo's flags; True where they cannot be read (tensorflow's own kernels then run)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.partition(":")[2].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return True
+    if flags is None:
+        return True
+    return bool({"avx512bw", "amx_bf16", "avx_ne_convert"} & set(flags))
 
 
 def _is_torch_tensor(x):
@@ -756,6 +788,10 @@ def tensorflow_linear(x, kernel, bias, activation):
     if x.shape[-1] != d_in:  # unknown or wrong: the reshape below would not notice; keras.ops raises
         return None
     rows = x if x.shape.rank == 2 else tf.reshape(x, [-1, d_in])  # (rows, d_in)
+    wide = _tensorflow_bfloat16_as_float32(x)
+    if wide:  # exact casts, one rounding at the end, as oneDNN's bfloat16 kernels compute
+        rows, kernel = tf.cast(rows, tf.float32), tf.cast(kernel, tf.float32)
+        bias = None if bias is None else tf.cast(bias, tf.float32)
     y = tf.matmul(rows, kernel)  # (rows, d_out)
     if bias is not None:
         y = tf.nn.bias_add(y, bias)
@@ -763,6 +799,8 @@ def tensorflow_linear(x, kernel, bias, activation):
         y = tf.nn.relu(y)
     elif activation == "gelu":
         y = gelu_erf(y)  # the remapper's GeluExact pattern (tf.nn.gelu's erfc form is not)
+    if wide:
+        y = tf.cast(y, x.dtype)
     if x.shape.rank == 2:
         return y
     out = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [d_out]], axis=0))  # (..., d_out)
