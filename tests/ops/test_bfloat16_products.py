@@ -139,3 +139,21 @@ def test_bfloat16_products_keep_numpy_shapes_and_values(rng, compiled, operation
                                     _bf16(rng.standard_normal(b_shape)), compiled)
     assert tuple(y.shape) == exact.shape
     np.testing.assert_allclose(_float64(y), exact, rtol=HALF_ULP, atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tensorflow's own bfloat16 MatMul, where the CPU lacks oneDNN's kernels")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tensorflow_without_bfloat16_kernels_rounds_once(rng, monkeypatch, compiled):
+    """As on an AVX2 CPU (docs/decisions.md item 69): the products run in float32 on the exact casts
+    and are rounded once, for matmul, einsum and the fused linear alike, eagerly and compiled."""
+    monkeypatch.setattr(_fused, "cpu_has_bfloat16_kernels", lambda: False)
+    a, b = _bf16(rng.standard_normal((3, 5, 32))), _bf16(rng.standard_normal((3, 32, 7)))
+    assert _fused._tensorflow_bfloat16_as_float32(a, b)
+    exact = _float64(a) @ _float64(b)
+    fns = [_fused.matmul, lambda a, b: _fused.einsum("bik,bkj->bij", a, b),
+           lambda a, b: linear(a, b[0], None)]
+    wants = [exact, exact, _float64(a) @ _float64(b)[0]]
+    for fn, want in zip(fns, wants):
+        y = (_jitted(fn) if compiled else fn)(a, b)
+        assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+        np.testing.assert_allclose(_float64(y), want, rtol=HALF_ULP, atol=1e-6)
