@@ -2,9 +2,14 @@
 
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
 BACKEND = keras.backend.backend()
+
+# For a test whose subject does not depend on the backend of the pass that runs it (a subprocess that
+# chooses its own, matplotlib's backend): `make test` runs it once, in the torch pass, not three times.
+once_per_run = pytest.mark.skipif(BACKEND != "torch", reason="independent of the backend: runs in the torch pass")
 
 
 def to_numpy(x):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from attnkit import _backend
+from backend_utils import once_per_run
 
 REAL_FIND_SPEC = importlib.util.find_spec
 
@@ -83,6 +84,7 @@ def test_first_installed_in_preference_order(keras_home, monkeypatch, installed,
     assert _backend.choose_backend() == expected
 
 
+@once_per_run
 def test_import_picks_torch_and_ignores_the_file_keras_then_writes(keras_home):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env["KERAS_HOME"] = str(keras_home)

@@ -1,8 +1,9 @@
 """Data-parallel training (`attnkit.distributed`, `train_dates(data_parallel=True)`, `--data-parallel`).
 
 The two-device runs happen in subprocesses (tests/distributed_worker.py), because the device count must be
-set before a backend starts: jax through XLA_FLAGS, tensorflow through logical CPU devices. They run in
-every backend's pass; the model they save is loaded here, in this plain one-device process.
+set before a backend starts: jax through XLA_FLAGS, tensorflow through logical CPU devices. Each pass runs
+one of them, of another backend than its own (`WORKER_BACKEND`), so the three passes cover both engines
+and the model they save is loaded here, in this plain one-device process of another backend.
 """
 
 import json
@@ -27,6 +28,9 @@ TORCH_MESSAGE = r"supported on the jax and tensorflow backends, not on torch\. .
 # 1e-4 leaves three orders of magnitude of headroom and still fails on any real difference (a global batch
 # of 32 instead of 16, i.e. 4 steps instead of 8, moves the epoch loss by ~2%).
 LOSS_RTOL = 1e-4
+# The worker each pass runs: both engines over the three passes, each saved model loaded by another
+# backend (a worker run takes 30-40 s; running both in every pass cost three minutes a CI run).
+WORKER_BACKEND = {"torch": "jax", "jax": "tensorflow", "tensorflow": "jax"}[keras.backend.backend()]
 
 
 def _environment(backend):
@@ -42,7 +46,7 @@ def _environment(backend):
     return env
 
 
-@pytest.fixture(scope="module", params=["jax", "tensorflow"])
+@pytest.fixture(scope="module", params=[WORKER_BACKEND])
 def two_devices(request, tmp_path_factory):
     """(backend, output directory, result.json) of one worker run on two CPU devices."""
     backend = request.param

@@ -40,16 +40,24 @@ LOSS_RTOL = 1e-4
 FAULT_SECONDS = 60
 
 
-def _cli(*arguments, timeout=900):
+def _environment():
     env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"), env.get("PYTHONPATH", "")])
+    if BACKEND == "jax":
+        # Less XLA optimisation, in every run alike: compiling took most of the jax runs' four minutes.
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 "
+                            "--xla_llvm_disable_expensive_passes=true").strip()
+    return env
+
+
+def _cli(*arguments, timeout=900):
+    env = _environment()
     return subprocess.run([sys.executable, "-m", "attnkit.cli", "train", *arguments], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def _popen(*arguments):
-    env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"), env.get("PYTHONPATH", "")])
+    env = _environment()
     return subprocess.Popen([sys.executable, "-m", "attnkit.cli", "train", *arguments], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

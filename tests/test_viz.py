@@ -14,6 +14,7 @@ import pytest
 matplotlib = pytest.importorskip("matplotlib")
 
 from attnkit import viz  # noqa: E402
+from backend_utils import once_per_run  # noqa: E402
 
 
 def weights(h, t_q, t_k):
@@ -91,6 +92,7 @@ def test_the_figure_is_closed_when_saving_fails(tmp_path):
 PLOT = "from attnkit.viz import plot_attention; plot_attention(np.ones((2, 2), 'float32') / 2); "
 
 
+@once_per_run
 @pytest.mark.parametrize("choice, expected", [("matplotlib.use('template'); ", "template"), ("", "agg")])
 def test_the_backend_is_agg_only_when_the_user_chose_none(choice, expected):
     # A fresh process each: pyplot's backend cannot go back once a figure exists in this one.
