@@ -19,6 +19,7 @@ import pytest
 from attnkit.cli import main
 from attnkit.distributed import DataParallelPlan, data_parallel_plan
 from attnkit.translation import DateTranslator, TrainConfig, train_dates
+from backend_utils import XLA_FAST_COMPILE
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 TORCH_MESSAGE = r"supported on the jax and tensorflow backends, not on torch\. .*KERAS_BACKEND=jax"
@@ -39,10 +40,7 @@ def _environment(backend):
         env["JAX_PLATFORMS"] = "cpu"  # two CPU devices even where jax also sees a GPU
         # Two CPU devices; and less XLA optimisation, which halves the compile time (the same flags in
         # both runs, so the comparison holds).
-        env["XLA_FLAGS"] = (
-            "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 "
-            "--xla_llvm_disable_expensive_passes=true"
-        )
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {XLA_FAST_COMPILE}"
     return env
 
 

@@ -25,6 +25,7 @@ import pytest
 from attnkit.distributed import launcher, training
 from attnkit.distributed.command import parse_coordinator, worker_arguments
 from attnkit.translation import DateTranslator, TrainConfig
+from backend_utils import XLA_FAST_COMPILE
 
 BACKEND = keras.backend.backend()
 TINY = ["--train-size", "64", "--validation-size", "8", "--batch-size", "16", "--d-model", "16", "--heads", "2", "--layers", "1",
@@ -45,8 +46,7 @@ def _environment():
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"), env.get("PYTHONPATH", "")])
     if BACKEND == "jax":
         # Less XLA optimisation, in every run alike: compiling took most of the jax runs' four minutes.
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 "
-                            "--xla_llvm_disable_expensive_passes=true").strip()
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_FAST_COMPILE}".strip()
     return env
 
 
