@@ -53,6 +53,7 @@ def test_onednn_runs_where_it_should_and_only_there(rng):
     kernel = torch.randn(7, 3)
     weight = kernel.t()
     assert _fused._onednn_takes(x2, weight, None) and not _fused._onednn_takes(x1, weight, None)  # one row: GEMV
+    assert _fused._onednn_takes(x1, weight, None, packed=True)  # without the per-call reorder, one row too
     assert not _fused._onednn_takes(x2.double(), weight.double(), None)  # float64: torch's own
     assert not _fused._onednn_takes(x2.half(), weight.half(), None)
     assert not _fused._onednn_takes(x2, torch.randn(7, 6)[:, ::2].t(), None)  # a kernel with gaps
@@ -345,9 +346,78 @@ def test_a_kept_row_major_copy_follows_its_kernel(rng):
     kernel.requires_grad_(True)
     graph = _fused._row_major(kernel)  # under autograd: part of the graph, not kept
     assert graph.requires_grad and graph is not second
-    count = len(_fused._ROW_MAJOR)
+    assert _fused._derived(kernel, "row_major", lambda k: k.t().contiguous()) is None  # nothing kept in a graph
+    kernel.requires_grad_(False)
+    _fused._row_major(kernel)
+    count = len(_fused._DERIVED)
     del kernel, graph
-    assert len(_fused._ROW_MAJOR) == count - 1  # gone with its kernel
+    assert len(_fused._DERIVED) == count - 1  # gone with its kernel
+
+
+def _onednn_or_skip(dtype):
+    if not (_fused._has_onednn_linear() and torch.backends.mkldnn.is_available()):
+        pytest.skip("this torch has no oneDNN linear")
+    if dtype == torch.bfloat16 and not _fused.native_half(dtype):
+        pytest.skip("this CPU has no oneDNN bfloat16 kernels (AVX2): bfloat16 runs as float32 products")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("rows", [1, 3, 31, 64])
+def test_a_packed_weight_gives_the_plain_weights_products_bit_for_bit(rng, dtype, activation, rows):
+    """Without autograd, a kept kernel runs oneDNN's linear on its prepacked (blocked) layout, for any
+    number of rows (decision 71): the same numbers as the plain layout's, and as float64 NumPy."""
+    dtype = getattr(torch, dtype)
+    _onednn_or_skip(dtype)
+    x = torch.from_numpy(rng.standard_normal((2, rows, 24)).astype("float32")).to(dtype)
+    kernel = torch.from_numpy((rng.standard_normal((24, 40)) / 4).astype("float32")).to(dtype)
+    bias = torch.from_numpy(rng.standard_normal(40).astype("float32")).to(dtype)
+    with torch.no_grad():
+        got = _fused.torch_linear(x, kernel, bias, activation)
+        packed = _fused._packed(kernel, transposed=True)
+        assert packed is not None and packed.is_mkldnn and _fused._packed(kernel, transposed=True) is packed
+        plain = torch.ops.mkldnn._linear_pointwise(x, kernel.t().contiguous(), bias, activation or "none", [], "none")
+    assert got.dtype == dtype and torch.equal(got, plain)
+    exact = _float64_linear(x.double().numpy(), kernel.double().numpy(), bias.double().numpy(), activation)
+    if activation == "gelu":
+        exact = torch.nn.functional.gelu(torch.from_numpy(exact)).numpy()
+    tol = 2**-7 * 4 if dtype == torch.bfloat16 else 1e-5
+    np.testing.assert_allclose(got.double().numpy(), exact, rtol=tol, atol=tol)
+
+
+def test_a_packed_weight_follows_its_kernel_and_stays_out_of_graphs(rng):
+    _onednn_or_skip(torch.float32)
+    x = torch.from_numpy(rng.standard_normal((4, 6)).astype("float32"))
+    kernel = torch.from_numpy(rng.standard_normal((6, 5)).astype("float32"))
+    with torch.no_grad():
+        first = _fused.torch_linear(x, kernel, None)
+        kernel.mul_(-2)  # in place: the packed copy must be made anew
+        second = _fused.torch_linear(x, kernel, None)
+        kernel.data = torch.from_numpy(rng.standard_normal((6, 5)).astype("float32"))  # new data, same tensor
+        third = _fused.torch_linear(x, kernel, None)
+    np.testing.assert_allclose(second.numpy(), -2 * first.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(third.numpy(), x.numpy() @ kernel.numpy(), rtol=1e-5, atol=1e-5)
+    kernel.requires_grad_(True)
+    assert _fused._packed(kernel, transposed=True) is None  # a graph reads the kernel itself
+    y = _fused.torch_linear(x, kernel, None)
+    y.sum().backward()
+    np.testing.assert_allclose(kernel.grad.numpy(), np.repeat(x.numpy().sum(0)[:, None], 5, axis=1), rtol=1e-5)
+    with torch.inference_mode():
+        made_in_inference = torch.randn(6, 5)
+        assert _fused._packed(made_in_inference, transposed=True) is None  # no version counter to follow
+        np.testing.assert_allclose(
+            _fused.torch_linear(x, made_in_inference, None).numpy(), x.numpy() @ made_in_inference.numpy(),
+            rtol=1e-5, atol=1e-5)
+
+
+def test_a_tied_embedding_product_runs_on_its_packed_weight(rng):
+    _onednn_or_skip(torch.float32)
+    x = torch.from_numpy(rng.standard_normal((1, 1, 8)).astype("float32"))  # a decoding step's one row
+    table = torch.from_numpy(rng.standard_normal((50, 8)).astype("float32"))  # (vocabulary, d_model)
+    with torch.no_grad():
+        got = _fused.times_transposed(x, table)
+        assert _fused._packed(table, transposed=False) is not None
+    np.testing.assert_allclose(got.numpy(), x.numpy() @ table.numpy().T, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 8, 31, 32, 64])
@@ -357,6 +427,7 @@ def test_bfloat16_products_of_few_rows_run_as_torchs_gemm_and_equal_float64(rng,
     many = rows >= _fused.ONEDNN_BFLOAT16_MIN_ROWS
     native = _fused.native_half(torch.bfloat16)
     assert _fused._onednn_takes(x, kernel.t(), None) == (many and native)
+    assert _fused._onednn_takes(x, kernel.t(), None, packed=True) == native  # any rows on a packed weight
     assert _fused._half_as_float32(x, kernel.t()) == (many and not native)
     with torch.no_grad():
         got = _fused.torch_linear(x, kernel, None).float().numpy()

@@ -538,32 +538,57 @@ def _made_outside_inference_mode(make):
         return make()
 
 
-def _row_major(kernel):
-    """`kernel.t().contiguous()`, the (d_out, d_in) layout of a (d_in, d_out) torch kernel.
+def _derived(source, tag, make):
+    """`make(source)`, a tensor derived from the torch tensor `source` (a kernel's copy in another
+    layout), kept between calls; None where it cannot be kept.
 
-    Kept while `kernel` itself lives with the same values (`_stamp`) and no autograd graph runs
+    Kept while `source` itself lives with the same values (`_stamp`) and no autograd graph runs
     through it: a variable's tensor, a kept mixed-precision cast or a kept [W_q | W_k | W_v] are
-    copied once, a kernel made anew per call is copied per call. The memory is that of the kernel,
-    for as long as the kernel lives (docs/decisions.md item 60).
+    derived once. None for a tensor in a graph, a traced stand-in or an inference tensor (no version
+    counter to follow): the caller then computes what it needs per call. The memory is that of the
+    derived tensor, for as long as `source` lives (docs/decisions.md items 60 and 71).
     """
     import torch
 
-    if (torch.is_grad_enabled() and kernel.requires_grad) or type(kernel) not in (torch.Tensor, torch.nn.Parameter):
-        return kernel.t().contiguous()  # part of a graph, or a traced stand-in
-    if kernel.is_inference():
-        return kernel.t().contiguous()  # made under torch.inference_mode: no version counter to follow
-    key = id(kernel)
-    entry = _ROW_MAJOR.get(key)
-    if entry is not None and _current([entry[0]], [kernel]):
+    if (torch.is_grad_enabled() and source.requires_grad) or type(source) not in (torch.Tensor, torch.nn.Parameter):
+        return None  # part of a graph, or a traced stand-in
+    if source.is_inference():
+        return None  # made under torch.inference_mode: no version counter to follow
+    key = (tag, id(source))
+    entry = _DERIVED.get(key)
+    if entry is not None and _current([entry[0]], [source]):
         return entry[1]
-    value = _made_outside_inference_mode(lambda: kernel.t().contiguous())  # (d_out, d_in)
-    if entry is None or entry[0][0]() is not kernel:
-        weakref.finalize(kernel, _ROW_MAJOR.pop, key, None)  # once per kernel: gone with it
-    _ROW_MAJOR[key] = (_stamp(kernel), value)
+    value = _made_outside_inference_mode(lambda: make(source))
+    if entry is None or entry[0][0]() is not source:
+        weakref.finalize(source, _DERIVED.pop, key, None)  # once per source: gone with it
+    _DERIVED[key] = (_stamp(source), value)
     return value
 
 
-_ROW_MAJOR = {}  # id(kernel) -> (its `_stamp`, its (d_out, d_in) copy)
+_DERIVED = {}  # (tag, id(source)) -> (the source's `_stamp`, the derived tensor)
+
+
+def _row_major(kernel):
+    """`kernel.t().contiguous()`, the (d_out, d_in) layout of a (d_in, d_out) torch kernel, kept
+    between calls where `_derived` can keep it."""
+    kept = _derived(kernel, "row_major", lambda k: k.t().contiguous())
+    return kernel.t().contiguous() if kept is None else kept
+
+
+def _packed(weight, transposed):
+    """oneDNN's own blocked layout of a linear's weight, made once and kept (`_derived`), or None.
+
+    `weight` is (d_out, d_in), or with `transposed` a (d_in, d_out) kernel. Given a weight in the
+    plain layout, oneDNN's linear reorders it into its blocked layout on every call: prepacked
+    (`torch.ops.mkldnn._reorder_linear_weight`, what torch's compiler does to frozen CPU models) the
+    same products, bit for bit, ran 1.03-1.08x faster for 2048 rows and 2-4x faster for a decoding
+    step's 1-31 rows, where the reorder is most of the work (docs/decisions.md item 71).
+    """
+    import torch
+
+    if transposed:
+        return _derived(weight, "onednn_packed_t", lambda k: torch.ops.mkldnn._reorder_linear_weight(k.t().contiguous(), None))
+    return _derived(weight, "onednn_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None))
 
 
 def split_heads(x, h, d):
@@ -714,6 +739,10 @@ def times_transposed(x, weight):
         weight = _tensor(weight)
         if _half_as_float32(x, weight):  # as `torch_linear` multiplies there (docs/decisions.md item 69)
             return times_transposed(x.float(), weight.float()).to(x.dtype)
+        if not _records_graph(x, weight) and _onednn_takes(x, weight, None, packed=True):
+            packed = _packed(weight, transposed=False)
+            if packed is not None:
+                return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "none")
         if _onednn_takes(x, weight, None):
             return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "none")
         return F.linear(x, weight)
@@ -837,16 +866,20 @@ def torch_linear(x, kernel, bias, activation=None):
         # accumulate in float32 and round once: the same arithmetic, on a CPU without those kernels.
         f32 = [None if t is None else t.float() for t in (x, kernel, bias)]
         return torch_linear(*f32, activation).to(x.dtype)
+    if not _records_graph(x, weight, bias) and _onednn_takes(x, weight, bias, packed=True):
+        packed = _packed(kernel, transposed=True)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation or "none", [], "none")
     if _onednn_takes(x, weight, bias):
         if _records_graph(x, weight, bias):
             if activation != "gelu":
                 return _OneDNNLinear.apply(x, kernel, bias, activation == "relu")
-        else:
+        else:  # a kernel made anew per call, not worth packing
             if weight.dtype == torch.bfloat16:
                 # oneDNN's bfloat16 kernels read a contiguous (d_out, d_in) weight up to 1.4x faster than
                 # the transposed view for a few rows (decoding), and no slower for many; in float32 the
                 # view is the faster one (docs/decisions.md item 60).
-                weight = _row_major(kernel)
+                weight = kernel.t().contiguous()
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation or "none", [], "none")
     if weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type == "cpu":
         # torch's CPU half-precision GEMM runs ~30x slower on a row-major (d_in, d_out) operand than
@@ -896,20 +929,24 @@ def _half_as_float32(x, weight, bias=None):
     return x.dim() >= 2 and x.numel() >= ONEDNN_BFLOAT16_MIN_ROWS * x.shape[-1] > 0 and not native_half(x.dtype)
 
 
-def _onednn_takes(x, weight, bias):
+def _onednn_takes(x, weight, bias, packed=False):
     """Whether oneDNN's linear computes x weight^T + bias for these torch tensors, x (..., d_in) and
     weight (d_out, d_in), contiguous or a transposed view of a contiguous (d_in, d_out) kernel: on the
-    CPU, float32 with at least two rows (for one row torch's GEMV is as fast or faster) or bfloat16
-    with at least ONEDNN_BFLOAT16_MIN_ROWS where the CPU has oneDNN's bfloat16 kernels (`native_half`)."""
+    CPU, float32 or bfloat16, the latter where the CPU has oneDNN's bfloat16 kernels (`native_half`).
+    With a weight in the plain layout, at least two float32 rows (for one row torch's GEMV is as fast
+    or faster) or ONEDNN_BFLOAT16_MIN_ROWS bfloat16 ones; with a `packed` one any number of rows:
+    without the per-call reorder the linear beats torch's GEMM at one row too (decision 71)."""
     import torch
 
     if not (ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype):
         return False
     if x.dtype == torch.bfloat16 and not native_half(x.dtype):
         return False
-    if not (x.dim() >= 2 and x.numel() >= 2 * x.shape[-1] > 0 and weight.dim() == 2):
+    if not (x.dim() >= 2 and x.numel() >= (1 if packed else 2) * x.shape[-1] > 0 and weight.dim() == 2):
         return False
-    if x.dtype == torch.bfloat16 and x.numel() < ONEDNN_BFLOAT16_MIN_ROWS * x.shape[-1]:
+    if bias is not None and bias.dtype != x.dtype:
+        return False
+    if x.dtype == torch.bfloat16 and not packed and x.numel() < ONEDNN_BFLOAT16_MIN_ROWS * x.shape[-1]:
         # A decoding step's few rows: torch's bfloat16 GEMM (oneDNN too, on a kept (d_out, d_in) copy)
         # ran 1.1-1.3x faster than the linear primitive inside SmolLM2's step at batch 8.
         return False
