@@ -130,7 +130,7 @@ def _torch(queries, keys, values, keep, causal, scale):
 # in BMM_MAX_SCORES_BYTES too; otherwise torch's flash kernel, whose memory does not grow as T_q * T_k.
 BMM_MAX_ROWS = 32
 BMM_MAX_SCORES_BYTES = 64 * 1024**2
-BMM_CHUNK_BYTES = 1024**2
+BMM_CHUNK_BYTES = 2 * 1024**2
 
 
 def _bmm_takes(queries, keys, values):
