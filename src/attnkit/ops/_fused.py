@@ -844,10 +844,13 @@ ONEDNN = os.environ.get("ATTNKIT_ONEDNN", "1") != "0"
 def torch_linear(x, kernel, bias, activation=None):
     """activation(x @ kernel + bias) for torch tensors of one floating dtype, in one GEMM.
 
-    float32 products of two rows or more on the CPU, and bfloat16 ones of ONEDNN_BFLOAT16_MIN_ROWS or
-    more, run through oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, the kernel torch's own
-    compiler uses for frozen CPU models), with the bias and the activation fused into it; under
-    autograd (activation None or ReLU) its backward's products run through it too (`_OneDNNLinear`).
+    float32 and bfloat16 products on the CPU run through oneDNN's linear
+    (`torch.ops.mkldnn._linear_pointwise`, the kernel torch's own compiler uses for frozen CPU
+    models), with the bias and the activation fused into it. Without autograd, on a kernel that can
+    be kept, it reads the kernel prepacked in oneDNN's blocked layout, made once (`_packed`), for any
+    number of rows (docs/decisions.md item 71). Otherwise: float32 products of two rows or more and
+    bfloat16 ones of ONEDNN_BFLOAT16_MIN_ROWS or more, on the plain kernel; under autograd
+    (activation None or ReLU) its backward's products run through it too (`_OneDNNLinear`).
     On a CPU without oneDNN's half-precision kernels (AVX2), half-precision products of that many
     rows run as the float32 linear of their exact casts, rounded once (`_half_as_float32`). torch's default CPU GEMM for float32
     is MKL's, which on AMD CPUs runs at AVX2 speed: 2.2x slower than oneDNN on an AVX-512 EPYC
