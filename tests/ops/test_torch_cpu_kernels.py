@@ -161,8 +161,11 @@ def test_half_precision_linear_without_native_kernels_is_float32_arithmetic_roun
             # float32 gradients rounded to the dtype; their sums of up to 48 terms of |.| <= ~3
             np.testing.assert_allclose(ours.grad.double().numpy(), want.grad.numpy(), rtol=2**-6, atol=2**-5)
     else:
+        packed = []
+        monkeypatch.setattr(_fused, "_packed", lambda weight, transposed: packed.append(weight))
         with torch.no_grad():
             got = _fused.torch_linear(x, kernel, bias, activation)
+        assert packed == []  # the per-call float32 casts are not prepacked
     assert got.dtype == dtype and tuple(got.shape) == (2, 24, 40)
     rounded = torch.from_numpy(exact).to(dtype).double().numpy()
     # One unit in the last place of the dtype, plus float32's own error on 48 products.
@@ -172,13 +175,15 @@ def test_half_precision_linear_without_native_kernels_is_float32_arithmetic_roun
 
 
 @pytest.mark.parametrize("native_or_not", [True, False], indirect=True)
-def test_a_tied_vocabulary_projection_in_bfloat16_is_close_to_float64(rng, native_or_not):
+def test_a_tied_vocabulary_projection_in_bfloat16_is_close_to_float64(rng, monkeypatch, native_or_not):
     """`times_transposed` (x weight^T for a (vocabulary, d) table) multiplies as `torch_linear` does:
     oneDNN's bfloat16 linear where the CPU has it, the float32 product of the casts where it has not,
     torch's bfloat16 GEMM for few rows; a bias of another dtype is refused by torch, not mixed in."""
     if native_or_not and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("oneDNN has no bfloat16 linear on this CPU (AVX2): it would refuse the product")
     weight = torch.from_numpy((rng.standard_normal((50, 24)) / 5).astype("float32")).bfloat16()
+    packed, pack = [], _fused._packed
+    monkeypatch.setattr(_fused, "_packed", lambda w, transposed: packed.append(w) or pack(w, transposed))
     for rows in (3, 40):
         x = torch.from_numpy(rng.standard_normal((rows, 24)).astype("float32")).bfloat16()
         assert _fused._half_as_float32(x, weight) == (rows >= _fused.ONEDNN_BFLOAT16_MIN_ROWS and not native_or_not)
@@ -188,6 +193,7 @@ def test_a_tied_vocabulary_projection_in_bfloat16_is_close_to_float64(rng, nativ
         exact = x.double().numpy() @ weight.double().numpy().T
         np.testing.assert_allclose(got.double().numpy(), exact, rtol=2**-7, atol=2**-7)
     assert not _fused._half_as_float32(x, weight.t(), torch.zeros(50))  # float32 bias: not cast in silently
+    assert all(w is weight for w in packed) and (len(packed) > 0) == native_or_not  # never a per-call cast
 
 
 def _mixed_dense(rng, units=12):

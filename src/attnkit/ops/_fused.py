@@ -725,12 +725,13 @@ def rotate(x, cos, sin):
     return torch.addcmul(x * cos, torch.cat((-x2, x1), dim=-1), sin)
 
 
-def times_transposed(x, weight):
+def times_transposed(x, weight, pack=True):
     """x weight^T (..., d_out) for weight (d_out, d_in), the layout of a tied embedding matrix.
 
     On torch one `torch.nn.functional.linear`, which reads that layout as it is; `keras.ops.einsum`
     elsewhere (a transposed copy of the weight per call costs as much as the product on jax). torch's
     einsum runs a batched GEMM instead: 2.5x the time of the vocabulary projection at batch 8.
+    `pack=False` says that `weight` is made anew per call, not worth prepacking (`torch_linear`).
     """
     if _is_torch_tensor(x):
         import torch
@@ -738,8 +739,8 @@ def times_transposed(x, weight):
 
         weight = _tensor(weight)
         if _half_as_float32(x, weight):  # as `torch_linear` multiplies there (docs/decisions.md item 69)
-            return times_transposed(x.float(), weight.float()).to(x.dtype)
-        if not _records_graph(x, weight) and _onednn_takes(x, weight, None, packed=True):
+            return times_transposed(x.float(), weight.float(), pack=False).to(x.dtype)
+        if pack and not _records_graph(x, weight) and _onednn_takes(x, weight, None, packed=True):
             packed = _packed(weight, transposed=False)
             if packed is not None:
                 return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "none")
@@ -841,7 +842,7 @@ def tensorflow_linear(x, kernel, bias, activation):
 ONEDNN = os.environ.get("ATTNKIT_ONEDNN", "1") != "0"
 
 
-def torch_linear(x, kernel, bias, activation=None):
+def torch_linear(x, kernel, bias, activation=None, pack=True):
     """activation(x @ kernel + bias) for torch tensors of one floating dtype, in one GEMM.
 
     float32 and bfloat16 products on the CPU run through oneDNN's linear
@@ -859,6 +860,7 @@ def torch_linear(x, kernel, bias, activation=None):
 
     Args:
         x: (..., d_in). kernel: (d_in, d_out). bias: (d_out,) or None. activation: None, "relu" or "gelu".
+        pack: False for a kernel made anew per call (a cast), which prepacking would only copy once more.
     """
     import torch
     import torch.nn.functional as F
@@ -868,8 +870,8 @@ def torch_linear(x, kernel, bias, activation=None):
         # Half-precision factors multiply exactly in float32, and oneDNN's half-precision kernels
         # accumulate in float32 and round once: the same arithmetic, on a CPU without those kernels.
         f32 = [None if t is None else t.float() for t in (x, kernel, bias)]
-        return torch_linear(*f32, activation).to(x.dtype)
-    if not _records_graph(x, weight, bias) and _onednn_takes(x, weight, bias, packed=True):
+        return torch_linear(*f32, activation, pack=False).to(x.dtype)
+    if pack and not _records_graph(x, weight, bias) and _onednn_takes(x, weight, bias, packed=True):
         packed = _packed(kernel, transposed=True)
         if packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation or "none", [], "none")
