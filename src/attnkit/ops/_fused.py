@@ -586,6 +586,8 @@ def _packed(weight, transposed):
     """
     import torch
 
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return None  # a torch without the operator: the plain layout
     if transposed:
         return _derived(weight, "onednn_packed_t", lambda k: torch.ops.mkldnn._reorder_linear_weight(k.t().contiguous(), None))
     return _derived(weight, "onednn_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None))
