@@ -581,7 +581,7 @@ def _packed(weight, transposed):
     `weight` is (d_out, d_in), or with `transposed` a (d_in, d_out) kernel. Given a weight in the
     plain layout, oneDNN's linear reorders it into its blocked layout on every call: prepacked
     (`torch.ops.mkldnn._reorder_linear_weight`, what torch's compiler does to frozen CPU models) the
-    same products, bit for bit, ran 1.03-1.08x faster for 2048 rows and 2-4x faster for a decoding
+    same products (bit for bit from two rows on), ran 1.03-1.08x faster for 2048 rows and 2-4x faster for a decoding
     step's 1-31 rows, where the reorder is most of the work (docs/decisions.md item 71).
     """
     import torch
