@@ -367,42 +367,71 @@ def _onednn_or_skip(dtype):
         pytest.skip("this CPU has no oneDNN bfloat16 kernels (AVX2): bfloat16 runs as float32 products")
 
 
+def _kept_kernel(array, dtype):
+    """(a Keras variable, a tensor `_kept` derives from it): the kind of kernel a mixed-precision cast
+    or a joined [W_q | W_k | W_v] is. Keep the variable alive: the kept value goes with it."""
+    variable = keras.Variable(array, dtype=dtype, trainable=False)  # no graph: the copy is kept
+    return variable, _fused._kept([variable], ("a test's copy",), lambda: variable.value.clone())
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 @pytest.mark.parametrize("rows", [1, 3, 31, 64])
 def test_a_packed_weight_gives_the_plain_weights_products_bit_for_bit(rng, dtype, activation, rows):
     """Without autograd, a kept kernel runs oneDNN's linear on its prepacked (blocked) layout, for any
     number of rows (decision 71): the same numbers as the plain layout's, and as float64 NumPy."""
-    dtype = getattr(torch, dtype)
-    _onednn_or_skip(dtype)
-    x = torch.from_numpy(rng.standard_normal((2, rows, 24)).astype("float32")).to(dtype)
-    kernel = torch.from_numpy((rng.standard_normal((24, 40)) / 4).astype("float32")).to(dtype)
-    bias = torch.from_numpy(rng.standard_normal(40).astype("float32")).to(dtype)
+    _onednn_or_skip(getattr(torch, dtype))
+    variable, kernel = _kept_kernel((rng.standard_normal((24, 40)) / 4).astype("float32"), dtype)
+    x = torch.from_numpy(rng.standard_normal((2, rows, 24)).astype("float32")).to(kernel.dtype)
+    bias = torch.from_numpy(rng.standard_normal(40).astype("float32")).to(kernel.dtype)
     with torch.no_grad():
         got = _fused.torch_linear(x, kernel, bias, activation)
         packed = _fused._packed(kernel, transposed=True)
         assert packed is not None and packed.is_mkldnn and _fused._packed(kernel, transposed=True) is packed
         plain = torch.ops.mkldnn._linear_pointwise(x, kernel.t().contiguous(), bias, activation or "none", [], "none")
-    assert got.dtype == dtype and torch.equal(got, plain)
+    assert got.dtype == kernel.dtype and torch.equal(got, plain)
     exact = _float64_linear(x.double().numpy(), kernel.double().numpy(), bias.double().numpy(), activation)
     if activation == "gelu":
         exact = torch.nn.functional.gelu(torch.from_numpy(exact)).numpy()
-    tol = 2**-7 * 4 if dtype == torch.bfloat16 else 1e-5
+    tol = 2**-7 * 4 if kernel.dtype == torch.bfloat16 else 1e-5
     np.testing.assert_allclose(got.double().numpy(), exact, rtol=tol, atol=tol)
+
+
+def test_only_kernels_whose_layouts_were_already_kept_are_packed(rng):
+    """Packed: `_kept` values and half-precision variable tensors (item 60 keeps their (d_out, d_in)
+    copies). Not: a float32 variable's tensor (a write through `.data` bypasses its version counter,
+    so a kept copy could go stale), a tensor made per call, an empty kernel."""
+    array = rng.standard_normal((6, 5)).astype("float32")
+    parameter = torch.nn.Parameter(torch.from_numpy(array), requires_grad=False)
+    assert not _fused._packable(parameter) and _fused._packable(torch.nn.Parameter(parameter.bfloat16(), requires_grad=False))
+    assert not _fused._packable(torch.from_numpy(array))  # made per call
+    variable, kept = _kept_kernel(array, "float32")
+    assert _fused._packable(kept)
+    assert _fused._packed(torch.nn.Parameter(torch.zeros(6, 0).bfloat16(), requires_grad=False), transposed=True) is None
+    x = torch.from_numpy(rng.standard_normal((3, 6)).astype("float32"))
+    with torch.no_grad():
+        _fused.torch_linear(x, parameter, None)
+        new = rng.standard_normal((6, 5)).astype("float32")
+        parameter.data.copy_(torch.from_numpy(new))  # no version counter sees this write
+        got = _fused.torch_linear(x, parameter, None)
+        empty = _fused.torch_linear(x, torch.zeros(6, 0), torch.zeros(0))
+    np.testing.assert_allclose(got.numpy(), x.numpy() @ new, rtol=1e-5, atol=1e-5)
+    assert tuple(empty.shape) == (3, 0)
 
 
 def test_a_packed_weight_follows_its_kernel_and_stays_out_of_graphs(rng):
     _onednn_or_skip(torch.float32)
     x = torch.from_numpy(rng.standard_normal((4, 6)).astype("float32"))
-    kernel = torch.from_numpy(rng.standard_normal((6, 5)).astype("float32"))
+    variable, kernel = _kept_kernel(rng.standard_normal((6, 5)).astype("float32"), "float32")
     with torch.no_grad():
         first = _fused.torch_linear(x, kernel, None)
-        kernel.mul_(-2)  # in place: the packed copy must be made anew
+        variable.value.mul_(-2)  # in place: the kept copy, then its packed layout, must be made anew
+        variable, kernel = variable, _fused._kept([variable], ("a test's copy",), lambda: variable.value.clone())
         second = _fused.torch_linear(x, kernel, None)
-        kernel.data = torch.from_numpy(rng.standard_normal((6, 5)).astype("float32"))  # new data, same tensor
+        kernel.mul_(3)  # in place on the kept copy itself: its packed layout must be made anew
         third = _fused.torch_linear(x, kernel, None)
-    np.testing.assert_allclose(second.numpy(), -2 * first.numpy(), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(third.numpy(), x.numpy() @ kernel.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(second.numpy(), -2 * first.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(third.numpy(), -6 * first.numpy(), rtol=1e-5, atol=1e-5)
     kernel.requires_grad_(True)
     assert _fused._packed(kernel, transposed=True) is None  # a graph reads the kernel itself
     y = _fused.torch_linear(x, kernel, None)
@@ -417,13 +446,13 @@ def test_a_packed_weight_follows_its_kernel_and_stays_out_of_graphs(rng):
 
 
 def test_a_tied_embedding_product_runs_on_its_packed_weight(rng):
-    _onednn_or_skip(torch.float32)
-    x = torch.from_numpy(rng.standard_normal((1, 1, 8)).astype("float32"))  # a decoding step's one row
-    table = torch.from_numpy(rng.standard_normal((50, 8)).astype("float32"))  # (vocabulary, d_model)
+    _onednn_or_skip(torch.bfloat16)
+    x = torch.from_numpy(rng.standard_normal((1, 1, 8)).astype("float32")).bfloat16()  # a decoding step's one row
+    table = torch.nn.Parameter(torch.from_numpy(rng.standard_normal((50, 8)).astype("float32")).bfloat16(), requires_grad=False)
     with torch.no_grad():
         got = _fused.times_transposed(x, table)
         assert _fused._packed(table, transposed=False) is not None
-    np.testing.assert_allclose(got.numpy(), x.numpy() @ table.numpy().T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.double().numpy(), x.double().numpy() @ table.double().numpy().T, rtol=2**-7, atol=2**-7)
 
 
 @pytest.mark.parametrize("rows", [1, 8, 31, 32, 64])

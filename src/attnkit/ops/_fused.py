@@ -504,10 +504,16 @@ def _kept(variables, tag, make):
     entry = _KEPT.get(key)
     if entry is not None and all(ref() is v for ref, v in zip(entry[0], variables)) and _current(entry[1], stored):
         return entry[2]
+    stamps = [_stamp(t) for t in stored]  # before `make`: a write meanwhile makes the value anew next call
     value = _made_outside_inference_mode(make)
+    if isinstance(value, torch.Tensor) and all(value is not t for t in stored):
+        _KEPT_VALUES[id(value)] = weakref.ref(value, lambda _, i=id(value): _KEPT_VALUES.pop(i, None))
     refs = tuple(weakref.ref(v, lambda _, key=key: _KEPT.pop(key, None)) for v in variables)
-    _KEPT[key] = (refs, [_stamp(t) for t in stored], value)
+    _KEPT[key] = (refs, stamps, value)
     return value
+
+
+_KEPT_VALUES = {}  # id -> weak reference, of the tensors `_kept` made (`_packable`)
 
 
 def _stamp(t):
@@ -558,10 +564,11 @@ def _derived(source, tag, make):
     entry = _DERIVED.get(key)
     if entry is not None and _current([entry[0]], [source]):
         return entry[1]
+    stamp = _stamp(source)  # before `make`: a write meanwhile makes the value anew next call
     value = _made_outside_inference_mode(lambda: make(source))
     if entry is None or entry[0][0]() is not source:
         weakref.finalize(source, _DERIVED.pop, key, None)  # once per source: gone with it
-    _DERIVED[key] = (_stamp(source), value)
+    _DERIVED[key] = (stamp, value)
     return value
 
 
@@ -582,15 +589,34 @@ def _packed(weight, transposed):
     plain layout, oneDNN's linear reorders it into its blocked layout on every call: prepacked
     (`torch.ops.mkldnn._reorder_linear_weight`, what torch's compiler does to frozen CPU models) the
     same products (bit for bit from two rows on), ran 1.03-1.08x faster for 2048 rows and 2-4x faster for a decoding
-    step's 1-31 rows, where the reorder is most of the work (docs/decisions.md item 71).
+    step's 1-31 rows, where the reorder is most of the work (docs/decisions.md item 71). Only for
+    `_packable` weights; None for others, which oneDNN then reads in the plain layout.
     """
     import torch
 
     if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return None  # a torch without the operator: the plain layout
+    if weight.numel() == 0 or not _packable(weight):
+        return None  # oneDNN cannot reorder an empty weight (its plain linear returns the empty product)
     if transposed:
         return _derived(weight, "onednn_packed_t", lambda k: torch.ops.mkldnn._reorder_linear_weight(k.t().contiguous(), None))
     return _derived(weight, "onednn_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None))
+
+
+def _packable(weight):
+    """Whether a packed copy of the torch tensor `weight` may be kept across calls: a value `_kept`
+    keeps (a mixed-precision cast, a joined [W_q | W_k | W_v]), or a half-precision variable's
+    tensor (a `torch.nn.Parameter`), whose (d_out, d_in) copy item 60 keeps the same way. Packing
+    those adds no case where a kept layout could be stale. A float32 variable's tensor is not packed:
+    a write through `param.data` (an EMA update, a hand-written optimizer) bypasses the version
+    counter `_stamp` follows (decision 71). A tensor made per call (a cast) is not either: it would
+    be packed on every call."""
+    import torch
+
+    ref = _KEPT_VALUES.get(id(weight))
+    if ref is not None and ref() is weight:
+        return True
+    return type(weight) is torch.nn.Parameter and weight.dtype in (torch.bfloat16, torch.float16)
 
 
 def split_heads(x, h, d):
