@@ -907,12 +907,12 @@ def torch_linear(x, kernel, bias, activation=None, pack=True):
         if _records_graph(x, weight, bias):
             if activation != "gelu":
                 return _OneDNNLinear.apply(x, kernel, bias, activation == "relu")
-        else:  # a kernel made anew per call, not worth packing
+        else:  # not packed: a float32 variable's tensor, a kernel made per call (`_packable`)
             if weight.dtype == torch.bfloat16:
                 # oneDNN's bfloat16 kernels read a contiguous (d_out, d_in) weight up to 1.4x faster than
                 # the transposed view for a few rows (decoding), and no slower for many; in float32 the
                 # view is the faster one (docs/decisions.md item 60).
-                weight = kernel.t().contiguous()
+                weight = _row_major(kernel)
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation or "none", [], "none")
     if weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type == "cpu":
         # torch's CPU half-precision GEMM runs ~30x slower on a row-major (d_in, d_out) operand than
