@@ -603,6 +603,21 @@ def _packed(weight, transposed):
     return _derived(weight, "onednn_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None))
 
 
+def _packed_linear(x, source, weight, bias, activation, transposed):
+    """activation(x weight^T + bias) by oneDNN's linear on `source` prepacked (`_packed`), or None
+    where that path does not apply (autograd, a dtype or shape oneDNN does not take, a source that is
+    not `_packable`). `weight` is the (d_out, d_in) weight; `source` the tensor it is read from:
+    itself, or with `transposed` the (d_in, d_out) kernel it is a view of."""
+    import torch
+
+    if _records_graph(x, weight, bias) or not _onednn_takes(x, weight, bias, packed=True):
+        return None
+    packed = _packed(source, transposed)
+    if packed is None:
+        return None
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation or "none", [], "none")
+
+
 def _packable(weight):
     """Whether a packed copy of the torch tensor `weight` may be kept across calls: a value `_kept`
     keeps (a mixed-precision cast, a joined [W_q | W_k | W_v]), or a half-precision variable's
@@ -768,10 +783,9 @@ def times_transposed(x, weight, pack=True):
         weight = _tensor(weight)
         if _half_as_float32(x, weight):  # as `torch_linear` multiplies there (docs/decisions.md item 69)
             return times_transposed(x.float(), weight.float(), pack=False).to(x.dtype)
-        if pack and not _records_graph(x, weight) and _onednn_takes(x, weight, None, packed=True):
-            packed = _packed(weight, transposed=False)
-            if packed is not None:
-                return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "none")
+        y = _packed_linear(x, weight, weight, None, None, transposed=False) if pack else None
+        if y is not None:
+            return y
         if _onednn_takes(x, weight, None):
             return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "none")
         return F.linear(x, weight)
@@ -899,10 +913,9 @@ def torch_linear(x, kernel, bias, activation=None, pack=True):
         # accumulate in float32 and round once: the same arithmetic, on a CPU without those kernels.
         f32 = [None if t is None else t.float() for t in (x, kernel, bias)]
         return torch_linear(*f32, activation, pack=False).to(x.dtype)
-    if pack and not _records_graph(x, weight, bias) and _onednn_takes(x, weight, bias, packed=True):
-        packed = _packed(kernel, transposed=True)
-        if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation or "none", [], "none")
+    y = _packed_linear(x, kernel, weight, bias, activation, transposed=True) if pack else None
+    if y is not None:
+        return y
     if _onednn_takes(x, weight, bias):
         if _records_graph(x, weight, bias):
             if activation != "gelu":
