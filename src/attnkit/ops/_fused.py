@@ -984,8 +984,10 @@ def _onednn_takes(x, weight, bias, packed=False):
     without the per-call reorder the linear beats torch's GEMM at one row too (decision 71)."""
     import torch
 
-    if not (ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype):
+    if not (ONEDNN and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype):
         return False
+    if any(t is not None and t.device.type != "cpu" for t in (x, weight, bias)):
+        return False  # oneDNN's operators are the CPU's: elsewhere torch's own kernels, or its device error
     if x.dtype == torch.bfloat16 and not native_half(x.dtype):
         return False
     if not (x.dim() >= 2 and x.numel() >= (1 if packed else 2) * x.shape[-1] > 0 and weight.dim() == 2):
