@@ -96,7 +96,8 @@ def call_layer_norm(norm, x):
     over the last axis.
 
     On torch that is one `torch.nn.functional.layer_norm` (the call Keras's layer makes there, so the
-    same numbers), made directly where `call_sublayer` would skip `__call__` anyway.
+    same numbers), made directly where `call_sublayer` would skip `__call__` anyway; on tensorflow,
+    inside a `tf.function`, Keras's formula compiled as one XLA function (`_fused.tensorflow_layer_norm`).
     """
     if (
         isinstance(norm, keras.layers.LayerNormalization)
