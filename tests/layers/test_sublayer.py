@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from keras.src.backend.common.variables import get_autocast_scope  # no public name in Keras 3
 
 import attnkit
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
@@ -75,9 +76,11 @@ def test_dropout_and_layer_norm_equal_their_keras_calls(rng):
     np.testing.assert_allclose(dropped[kept], 2 * to_numpy(x)[kept], rtol=1e-6)
 
 
-def test_encode_called_directly_keeps_mixed_precision(rng):
+def test_encode_called_directly_keeps_mixed_precision(rng, monkeypatch):
     """`Encoder.encode` is a public method: called outside `__call__`, its layers must still compute in
-    bfloat16 under mixed_bfloat16, exactly as when the encoder is called on token ids."""
+    bfloat16 under mixed_bfloat16, exactly as when the encoder is called on token ids. It converts its
+    input and opens the autocast scope as `__call__` would, so its layers skip their own `__call__`s,
+    on float32 embeddings and NumPy ones too."""
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         encoder = attnkit.Encoder(20, T, 2, 4, 4, D, 16, 2, 0.0)
@@ -89,6 +92,17 @@ def test_encode_called_directly_keeps_mixed_precision(rng):
     direct = encoder.encode(embeddings, training=False)
     assert keras.backend.standardize_dtype(direct.dtype) == "bfloat16"
     np.testing.assert_array_equal(to_numpy(ops.cast(direct, "float32")), to_numpy(ops.cast(through_call, "float32")))
+    layer_calls = []
+    layer_type = type(encoder.encoder_layers[0])
+    original = layer_type.__call__
+    monkeypatch.setattr(layer_type, "__call__", lambda self, *a, **k: layer_calls.append(self) or original(self, *a, **k))
+    wide = to_numpy(ops.cast(embeddings, "float32"))
+    for given in (ops.convert_to_tensor(wide), wide):  # float32 tensor, NumPy: converted as `__call__` would
+        again = encoder.encode(given, training=False)
+        assert keras.backend.standardize_dtype(again.dtype) == "bfloat16"
+        np.testing.assert_array_equal(to_numpy(ops.cast(again, "float32")), to_numpy(ops.cast(direct, "float32")))
+    assert not layer_calls
+    assert get_autocast_scope() is None  # the scope closed with the call
 
 
 def test_attend_projected_called_directly_casts_numpy_queries(rng):

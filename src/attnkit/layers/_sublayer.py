@@ -20,8 +20,10 @@ symbolic tracing, mixed precision, quantization and distribution stay Keras's. j
 compile the forward pass, so for them this only shortens tracing.
 """
 
+import contextlib
+
 import keras
-from keras.src.backend.common.variables import get_autocast_scope  # no public name in Keras 3
+from keras.src.backend.common.variables import AutocastScope, get_autocast_scope  # no public names in Keras 3
 
 from attnkit.ops import _fused
 
@@ -89,6 +91,19 @@ def _dtype_name(dtype):
     if name is None:
         name = _DTYPE_NAMES[dtype] = keras.backend.standardize_dtype(dtype)
     return name
+
+
+@contextlib.contextmanager
+def as_in_own_call(layer):
+    """The autocast scope `layer.__call__` would open, for a public method of `layer` that runs its
+    sublayers itself (`Encoder.encode`): a mixed policy's compute dtype, where no scope is open. Inside
+    it, with inputs in the compute dtype (`DTypePolicy.convert_input`, as `__call__` converts them),
+    `call_sublayer` skips the sublayers' own `__call__`s, as it does inside `layer.__call__`."""
+    if get_autocast_scope() is None and layer.autocast and layer.compute_dtype != layer.variable_dtype:
+        with AutocastScope(layer.compute_dtype):
+            yield
+    else:
+        yield
 
 
 def call_layer_norm(norm, x):

@@ -13,7 +13,7 @@ from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of, with_keras_mask
 from attnkit.layers._shapes import weights_spec
 from attnkit.layers._stack_config import STACK_FIELDS, StackConfig
-from attnkit.layers._sublayer import call_layer_norm, call_sublayer
+from attnkit.layers._sublayer import as_in_own_call, call_layer_norm, call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
 from attnkit.layers.position_embedding import position_embedding
@@ -139,16 +139,18 @@ class Encoder(StackConfig, CheckedCall, keras.layers.Layer):
         if padding_mask is None:
             padding_mask = _padding(keras_mask)  # what Keras's __call__ would fill in for every layer
         weights = []
-        for layer in self.encoder_layers:
-            if return_attention_weights:
-                x, layer_weights = call_sublayer(
-                    layer, x, padding_mask, training=training, return_attention_weights=True
-                )
-                weights.append(layer_weights)  # (B, h, T, T)
-            else:
-                x = call_sublayer(layer, x, padding_mask, training=training)  # (B, T, d_model)
-        if self.final_norm is not None:
-            x = call_layer_norm(self.final_norm, x)
+        with as_in_own_call(self):  # called directly: as the layers' first `__call__` would convert and scope
+            x = self.dtype_policy.convert_input(x, self.autocast, self.input_dtype)  # (B, T, d_model)
+            for layer in self.encoder_layers:
+                if return_attention_weights:
+                    x, layer_weights = call_sublayer(
+                        layer, x, padding_mask, training=training, return_attention_weights=True
+                    )
+                    weights.append(layer_weights)  # (B, h, T, T)
+                else:
+                    x = call_sublayer(layer, x, padding_mask, training=training)  # (B, T, d_model)
+            if self.final_norm is not None:
+                x = call_layer_norm(self.final_norm, x)
         if keras_mask is not None:
             x = with_keras_mask(x, keras_mask)  # as the layers' `__call__` would have propagated it
         return (x, weights) if return_attention_weights else x
