@@ -376,6 +376,30 @@ def matmul(a, b, float32_products=False):
     return ops.matmul(a, b)
 
 
+def times_keys(queries, keys, float32_products=False):
+    """queries keys^T, (..., T_q, T_k), for queries (..., T_q, d) and keys (..., T_k, d): the attention
+    scores' product, `matmul(queries, swapaxes(keys))` but on jax one dot contracting both last axes.
+
+    Given K^T, XLA's CPU fusion moved the transpose into the dot, which then ran as a loop instead of
+    its GEMM: MiniLM's (64, 12, 80, 32) bfloat16 attention took 24 ms a layer, against 6 ms
+    (docs/decisions.md item 74). bfloat16 jax arrays are multiplied as `matmul` multiplies them
+    (float32 products, one row padded); `float32_products` as there.
+    """
+    queries, keys = _tensor(queries), _tensor(keys)
+    if keras.backend.backend() != "jax" or queries.ndim < 2 or keys.ndim < 2:
+        return matmul(queries, ops.swapaxes(keys, -1, -2), float32_products)
+    import jax.numpy as jnp
+
+    half = _jax_bfloat16(queries, keys)
+    one_row = half and queries.shape[-2] == 1
+    if one_row:  # (..., 1, d) -> (..., 2, d): see `_jax_bfloat16`
+        queries = jnp.concatenate([queries, jnp.zeros_like(queries)], axis=-2)
+    y = jnp.einsum("...qd,...kd->...qk", queries, keys, preferred_element_type=jnp.float32 if half else None)
+    if one_row:
+        y = y[..., :1, :]
+    return y.astype(jnp.bfloat16) if half and not float32_products else y
+
+
 def einsum(subscripts, *operands):
     """keras.ops.einsum, with bfloat16 jax arrays multiplied as `matmul` multiplies them."""
     operands = tuple(_tensor(x) for x in operands)

@@ -194,6 +194,19 @@ def masked_softmax(scores, keep=None):
     Returns:
         Weights of the dtype of `scores`, computed in float32 when `scores` is float16/bfloat16.
     """
+    return _masked_softmax(scores, keep, for_output_only=False)
+
+
+def _masked_softmax(scores, keep, for_output_only):
+    """`masked_softmax`; `for_output_only` where only the product of the weights with the values is
+    read (`fused_attention`): masked weights are then zeroed by multiplying with the mask.
+
+    The product is the same bit for bit: the two differ only where a masked weight is NaN, which
+    happens only when the row's sum is NaN, and then every kept weight, so the row's output, is NaN
+    too. Under XLA on the CPU the select after the softmax ran the attention 2-4x slower than the
+    multiplication (docs/decisions.md item 74); the weights `scaled_dot_product_attention` returns
+    keep their exact zeros.
+    """
     dtype = keras.backend.standardize_dtype(scores.dtype)
     softmax_dtype = scores_dtype(dtype)
     scores = ops.cast(scores, softmax_dtype)
@@ -205,7 +218,9 @@ def masked_softmax(scores, keep=None):
         weights = ops.exp(scores - scores)
     else:
         weights = ops.softmax(scores, axis=-1)
-    if keep is not None:
+    if keep is not None and for_output_only:
+        weights = weights * ops.cast(keep, softmax_dtype)
+    elif keep is not None:
         # Exact zeros where masked; a row with no key left is all zeros instead of uniform.
         weights = ops.where(keep, weights, ops.zeros((), softmax_dtype))
     return ops.cast(weights, dtype)
@@ -282,17 +297,19 @@ def fused_attention(
         keep, fused_causal = keep_mask(mask, causal, scores_shape, lengths), False
     output = _fused.attention(queries, keys, values, keep, fused_causal, scale)
     if output is None:
-        return _explicit(queries, keys, values, mask, causal, scale, 0.0, False, None)[0]
+        return _explicit(queries, keys, values, mask, causal, scale, 0.0, False, None, output_only=True)[0]
     return output
 
 
-def _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed):
+def _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed, output_only=False):
+    """(output, weights) by the explicit path; with `output_only` (no dropout) the weights are only
+    good for the output (`_masked_softmax`)."""
     dtype = keras.backend.standardize_dtype(queries.dtype)
     check_scores_budget((*queries.shape[:-1], keys.shape[-2]), scores_dtype(dtype))
     scores = _scores(queries, keys, scale)  # (..., T_q, T_k)
     lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
     keep = keep_mask(mask, causal, tuple(scores.shape), lengths)
-    weights = ops.cast(masked_softmax(scores, keep), dtype)
+    weights = ops.cast(_masked_softmax(scores, keep, for_output_only=output_only and not (training and dropout > 0)), dtype)
     attended = weights
     if training and dropout > 0:
         attended = keras.random.dropout(weights, dropout, seed=seed)
@@ -307,8 +324,8 @@ def _scores(queries, keys, scale):
     if _fused._jax_bfloat16(queries, keys):
         # XLA multiplies the bfloat16 factors exactly into float32 products, 2.5x faster than
         # float32 factors; the scale then multiplies the float32 scores.
-        scores = _fused.matmul(queries, ops.swapaxes(keys, -1, -2), float32_products=True)
+        scores = _fused.times_keys(queries, keys, float32_products=True)
         return scores * constant(scale, score_dtype)
     # Scale the queries, not the scores: fewer multiplications.
     scaled_queries = ops.cast(queries, score_dtype) * constant(scale, score_dtype)
-    return _fused.matmul(scaled_queries, ops.swapaxes(ops.cast(keys, score_dtype), -1, -2))
+    return _fused.times_keys(scaled_queries, ops.cast(keys, score_dtype))
