@@ -103,6 +103,10 @@ def test_encode_called_directly_keeps_mixed_precision(rng, monkeypatch):
         np.testing.assert_array_equal(to_numpy(ops.cast(again, "float32")), to_numpy(ops.cast(direct, "float32")))
     assert not layer_calls
     assert get_autocast_scope() is None  # the scope closed with the call
+    integers = ops.convert_to_tensor(rng.integers(-3, 4, (B, T, D)).astype("int32"))
+    with pytest.raises(TypeError, match="must be a floating-point tensor"):  # the layers' own check, as before
+        encoder.encode(integers)
+    assert get_autocast_scope() is None
 
 
 def test_attend_projected_called_directly_casts_numpy_queries(rng):

@@ -66,3 +66,45 @@ def test_the_scores_product_is_q_times_k_transposed(rng, dtype, shape):
     wide = _fused.times_keys(q_t, k_t, float32_products=True)
     if dtype == "bfloat16" and BACKEND == "jax":  # float32 products there; elsewhere the caller casts
         np.testing.assert_allclose(to_numpy(ops.cast(wide, "float32")), exact, rtol=1e-6, atol=1e-5)
+
+
+def _gradients(fn, q, k, v, mask):
+    """d sum(fn(q, k, v, mask)) / d(q, k, v), as float32 NumPy arrays, on the backend's autodiff."""
+    if BACKEND == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        grads = jax.grad(lambda *a: jnp.sum(fn(*a, mask).astype(jnp.float32)), argnums=(0, 1, 2))(q, k, v)
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        q, k, v = (tf.convert_to_tensor(a) for a in (q, k, v))
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            total = tf.reduce_sum(tf.cast(fn(q, k, v, mask), tf.float32))
+        grads = tape.gradient(total, [q, k, v])
+    else:
+        import torch
+
+        q, k, v = (torch.as_tensor(np.asarray(a)).requires_grad_(True) for a in (q, k, v))
+        fn(q, k, v, mask).float().sum().backward()
+        grads = (q.grad, k.grad, v.grad)
+    return [np.asarray(to_numpy(ops.cast(g, "float32"))) for g in grads]
+
+
+@pytest.mark.parametrize("dtype, big", [("float16", 6e4), ("float32", 3e38)])
+def test_the_output_only_forms_gradients_are_the_exact_paths(rng, dtype, big):
+    """A padded key's value, large but finite, overflows the upstream gradient at that masked weight:
+    the select's gradient zeroes it, a plain multiplication would give inf * 0 = NaN."""
+    q, k = (rng.standard_normal((2, 2, 3, 4)).astype(dtype) for _ in range(2))
+    v = rng.standard_normal((2, 2, 3, 4)).astype("float32")
+    v[..., 2, :] = big  # the padded key's value
+    v = v.astype(dtype)
+    mask = np.array([[True, True, False], [True, False, False]])  # (B, T_k): key 2 is padding everywhere
+    q_t, k_t, v_t = (ops.convert_to_tensor(a) for a in (q, k, v))
+    fast = lambda q, k, v, m: attention._explicit(q, k, v, m, False, 0.5, 0.0, False, None, output_only=True)[0]  # noqa: E731
+    exact = lambda q, k, v, m: attention._explicit(q, k, v, m, False, 0.5, 0.0, False, None)[0]  # noqa: E731
+    got, want = _gradients(fast, q_t, k_t, v_t, mask[:, None, None, :]), _gradients(exact, q_t, k_t, v_t, mask[:, None, None, :])
+    assert all(np.isfinite(g).all() for g in want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

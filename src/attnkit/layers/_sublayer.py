@@ -94,16 +94,23 @@ def _dtype_name(dtype):
 
 
 @contextlib.contextmanager
-def as_in_own_call(layer):
-    """The autocast scope `layer.__call__` would open, for a public method of `layer` that runs its
-    sublayers itself (`Encoder.encode`): a mixed policy's compute dtype, where no scope is open. Inside
-    it, with inputs in the compute dtype (`DTypePolicy.convert_input`, as `__call__` converts them),
-    `call_sublayer` skips the sublayers' own `__call__`s, as it does inside `layer.__call__`."""
+def as_in_own_call(layer, x):
+    """For a public method of `layer` that runs its sublayers itself (`Encoder.encode`): yields `x`
+    converted as `layer.__call__` converts its inputs (`DTypePolicy.convert_input`), inside the
+    autocast scope `__call__` would open (a mixed policy's compute dtype, where no scope is open).
+    There `call_sublayer` skips the sublayers' own `__call__`s, as it does inside `layer.__call__`.
+    An `x` that is not floating is yielded as it is, with no scope: the sublayers' `__call__`s then
+    check it and refuse it with their own errors."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or "float" not in keras.backend.standardize_dtype(dtype):
+        yield x
+        return
+    x = layer.dtype_policy.convert_input(x, layer.autocast, layer.input_dtype)
     if get_autocast_scope() is None and layer.autocast and layer.compute_dtype != layer.variable_dtype:
         with AutocastScope(layer.compute_dtype):
-            yield
+            yield x
     else:
-        yield
+        yield x
 
 
 def call_layer_norm(norm, x):

@@ -139,8 +139,7 @@ class Encoder(StackConfig, CheckedCall, keras.layers.Layer):
         if padding_mask is None:
             padding_mask = _padding(keras_mask)  # what Keras's __call__ would fill in for every layer
         weights = []
-        with as_in_own_call(self):  # called directly: as the layers' first `__call__` would convert and scope
-            x = self.dtype_policy.convert_input(x, self.autocast, self.input_dtype)  # (B, T, d_model)
+        with as_in_own_call(self, x) as x:  # called directly: converted and scoped as by `__call__`
             for layer in self.encoder_layers:
                 if return_attention_weights:
                     x, layer_weights = call_sublayer(

@@ -400,6 +400,57 @@ def times_keys(queries, keys, float32_products=False):
     return y.astype(jnp.bfloat16) if half and not float32_products else y
 
 
+def times_mask(weights, keep):
+    """`where(keep, weights, 0)`, for attention weights that only the product with the values reads.
+
+    On jax and tensorflow the forward is `weights * keep`, which XLA's CPU fusion ran 2-4x faster
+    than the select (docs/decisions.md item 74), with the select's gradient, `where(keep, g, 0)`:
+    multiplied, an overflowed upstream gradient at a masked key (a large value under padding) gave
+    inf * 0 = NaN where the select gives 0. On torch: the select.
+
+    Args:
+        weights: (..., T_q, T_k) floating. keep: boolean, broadcastable to `weights`.
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return _jax_times_mask()(weights, keep)
+    if backend == "tensorflow":
+        return _tensorflow_times_mask(_tensor(weights), _tensor(keep))
+    return ops.where(keep, weights, ops.zeros((), weights.dtype))
+
+
+@functools.cache
+def _jax_times_mask():
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def times_mask(weights, keep):
+        return weights * keep.astype(weights.dtype)
+
+    def forward(weights, keep):
+        return times_mask(weights, keep), keep
+
+    def backward(keep, upstream):
+        return jnp.where(keep, upstream, jnp.zeros((), upstream.dtype)), None  # the mask: no gradient
+
+    times_mask.defvjp(forward, backward)
+    return times_mask
+
+
+def _tensorflow_times_mask(weights, keep):
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def times_mask(weights):
+        def backward(upstream):
+            return tf.where(keep, upstream, tf.zeros((), upstream.dtype))
+
+        return weights * tf.cast(keep, weights.dtype), backward
+
+    return times_mask(weights)
+
+
 def einsum(subscripts, *operands):
     """keras.ops.einsum, with bfloat16 jax arrays multiplied as `matmul` multiplies them."""
     operands = tuple(_tensor(x) for x in operands)
@@ -760,8 +811,11 @@ def tensorflow_layer_norm(x, gamma, beta, epsilon):
     The bfloat16 encoder row's 12 norms took 10.5 ms less (148.2 -> 137.7 ms), MiniLM's bfloat16
     embeddings 33 ms less (docs/decisions.md item 73). XLA sums the moments in another order than
     tensorflow's reductions: float32 results differ from Keras's by float32 rounding, and 29 of 1M
-    bfloat16 ones by one bfloat16 ulp (the float32 result rounded the other way). Eagerly the
-    compilation per shape would cost more than it saves, so Keras's layer runs there.
+    bfloat16 ones by one bfloat16 ulp (the float32 result rounded the other way). Keras's layer runs
+    where compiling would cost more than it saves or go wrong: eagerly, in a graph traced for shapes
+    not fully known (XLA would compile for every new shape as it runs: 60 ms each), and under a
+    `tf.distribute` strategy (there the one cached function lost the gradients of all norms but the
+    first, with no error).
 
     Args:
         x: (..., d) float32, bfloat16 or float16. gamma, beta: (d,) float32 variables or tensors.
@@ -771,6 +825,10 @@ def tensorflow_layer_norm(x, gamma, beta, epsilon):
 
     if not isinstance(x, tf.Tensor) or tf.executing_eagerly() or gamma is None or beta is None:
         return None
+    if not x.shape.is_fully_defined():
+        return None  # a graph for every shape (`reduce_retracing`): XLA would compile each new one as it runs
+    if tf.distribute.has_strategy():
+        return None  # under MirroredStrategy the shared compiled function lost the norms' gradients (item 73)
     gamma, beta = _variable_value(gamma), _variable_value(beta)
     if not (x.dtype in (tf.float32, tf.bfloat16, tf.float16) and gamma.dtype == beta.dtype == tf.float32):
         return None

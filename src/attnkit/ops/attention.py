@@ -204,8 +204,9 @@ def _masked_softmax(scores, keep, for_output_only):
     The product is the same bit for bit: the two differ only where a masked weight is NaN, which
     happens only when the row's sum is NaN, and then every kept weight, so the row's output, is NaN
     too. Under XLA on the CPU the select after the softmax ran the attention 2-4x slower than the
-    multiplication (docs/decisions.md item 74); the weights `scaled_dot_product_attention` returns
-    keep their exact zeros.
+    multiplication (docs/decisions.md item 74); its gradient is still the select's
+    (`_fused.times_mask`), and the weights `scaled_dot_product_attention` returns keep their exact
+    zeros.
     """
     dtype = keras.backend.standardize_dtype(scores.dtype)
     softmax_dtype = scores_dtype(dtype)
@@ -219,7 +220,7 @@ def _masked_softmax(scores, keep, for_output_only):
     else:
         weights = ops.softmax(scores, axis=-1)
     if keep is not None and for_output_only:
-        weights = weights * ops.cast(keep, softmax_dtype)
+        weights = _fused.times_mask(weights, keep)
     elif keep is not None:
         # Exact zeros where masked; a row with no key left is all zeros instead of uniform.
         weights = ops.where(keep, weights, ops.zeros((), softmax_dtype))
