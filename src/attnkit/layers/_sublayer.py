@@ -93,6 +93,19 @@ def _dtype_name(dtype):
     return name
 
 
+def call_layer_stack(layers, x, padding_mask, training, return_attention_weights):
+    """x (B, T, d_model) through the encoder layers `layers` in turn (`call_sublayer`), each given the
+    keep-mask `padding_mask`. Returns x, or (x, their n weight arrays (B, h, T, T)) when asked."""
+    weights = []
+    for layer in layers:
+        if return_attention_weights:
+            x, layer_weights = call_sublayer(layer, x, padding_mask, training=training, return_attention_weights=True)
+            weights.append(layer_weights)  # (B, h, T, T)
+        else:
+            x = call_sublayer(layer, x, padding_mask, training=training)  # (B, T, d_model)
+    return (x, weights) if return_attention_weights else x
+
+
 @contextlib.contextmanager
 def as_in_own_call(layer, x):
     """For a public method of `layer` that runs its sublayers itself (`Encoder.encode`): yields `x`

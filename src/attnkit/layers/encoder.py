@@ -13,7 +13,7 @@ from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of, with_keras_mask
 from attnkit.layers._shapes import weights_spec
 from attnkit.layers._stack_config import STACK_FIELDS, StackConfig
-from attnkit.layers._sublayer import as_in_own_call, call_layer_norm, call_sublayer
+from attnkit.layers._sublayer import as_in_own_call, call_layer_norm, call_layer_stack
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
 from attnkit.layers.position_embedding import position_embedding
@@ -138,16 +138,9 @@ class Encoder(StackConfig, CheckedCall, keras.layers.Layer):
         keras_mask = keras_mask_of(x)
         if padding_mask is None:
             padding_mask = _padding(keras_mask)  # what Keras's __call__ would fill in for every layer
-        weights = []
         with as_in_own_call(self, x) as x:  # called directly: converted and scoped as by `__call__`
-            for layer in self.encoder_layers:
-                if return_attention_weights:
-                    x, layer_weights = call_sublayer(
-                        layer, x, padding_mask, training=training, return_attention_weights=True
-                    )
-                    weights.append(layer_weights)  # (B, h, T, T)
-                else:
-                    x = call_sublayer(layer, x, padding_mask, training=training)  # (B, T, d_model)
+            result = call_layer_stack(self.encoder_layers, x, padding_mask, training, return_attention_weights)
+            x, weights = result if return_attention_weights else (result, None)
             if self.final_norm is not None:
                 x = call_layer_norm(self.final_norm, x)
         if keras_mask is not None:

@@ -19,7 +19,7 @@ from keras import ops
 
 from attnkit._validation import positive_int
 from attnkit.layers._stack_config import StackConfig
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_layer_stack
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.encoder_layer import EncoderLayer
 from attnkit.layers.linear import Linear
@@ -179,16 +179,7 @@ class BertEncoder(StackConfig, keras.Model):
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)  # (B, T, d_model)
         x = self.dropout(x, training=training)
-        weights = []
-        for layer in self.encoder_layers:
-            if return_attention_weights:
-                x, layer_weights = call_sublayer(
-                    layer, x, padding_mask, training=training, return_attention_weights=True
-                )
-                weights.append(layer_weights)  # (B, h, T, T)
-            else:
-                x = call_sublayer(layer, x, padding_mask, training=training)  # (B, T, d_model)
-        return (x, weights) if return_attention_weights else x
+        return call_layer_stack(self.encoder_layers, x, padding_mask, training, return_attention_weights)
 
     def compute_output_shape(self, token_ids_shape, padding_mask_shape=None):
         return tuple(token_ids_shape) + (self.d_model,)
