@@ -797,8 +797,41 @@ def layer_norm(x, gamma, beta, epsilon):
     if x.dtype == torch.float32:
         return F.layer_norm(x, x.shape[-1:], gamma, beta, epsilon)
     if x.dtype in (torch.bfloat16, torch.float16):
-        return F.layer_norm(x.float(), x.shape[-1:], gamma, beta, epsilon).to(x.dtype)
+        return in_float32_row_chunks(x, lambda rows: F.layer_norm(rows, x.shape[-1:], gamma, beta, epsilon), gamma, beta)
     return None
+
+
+# A half-precision norm on the CPU widens this many bytes of float32 rows at a time (`in_float32_row_chunks`).
+NORM_CHUNK_BYTES = 1024**2
+
+
+def in_float32_row_chunks(x, norm, *parameters):
+    """`norm(x.float()).to(x.dtype)` for a half-precision torch tensor x (..., d) and a row-wise `norm`
+    of float32 (rows, d) tensors, the same numbers, computed NORM_CHUNK_BYTES of float32 rows at a time
+    on the CPU where no autograd graph is recorded.
+
+    Whole, the float32 copy of a (16, 128, 512) input and the norm's float32 output are 4 MiB each,
+    written and read back from memory: a bfloat16 LayerNorm took 2.5 ms cold from the cache, 0.26 ms
+    in chunks of 1 MiB (0.5 and 2 MiB were slower), and the bfloat16 encoder row 4.9 ms less
+    (docs/decisions.md item 75). torch's mixed-dtype kernel (bfloat16 x, float32 gamma and beta), as
+    fast, is not used: it computes x * rstd - mean * rstd, so a constant row of 3000 with epsilon
+    1e-6 normalizes to 0.066 instead of 0, and its backward sums beta's gradient imprecisely.
+
+    Args:
+        x: (..., d) bfloat16 or float16. norm: (rows, d) float32 -> (rows, d) float32, row by row.
+        parameters: the norm's torch tensors or None, for the autograd check.
+    """
+    import torch
+
+    d = x.shape[-1]
+    step = max(1, NORM_CHUNK_BYTES // (4 * d))  # rows per chunk
+    if x.device.type != "cpu" or _records_graph(x, *parameters) or x.numel() <= step * d:
+        return norm(x.float()).to(x.dtype)
+    rows = x.reshape(-1, d)  # (rows, d)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    for start in range(0, rows.shape[0], step):
+        out[start : start + step] = norm(rows[start : start + step].float())  # rounded as .to(x.dtype)
+    return out.view(x.shape)
 
 
 def tensorflow_layer_norm(x, gamma, beta, epsilon):
@@ -872,7 +905,7 @@ def rms_norm(x, gamma, epsilon):
     if x.dtype == torch.float32:
         return F.rms_norm(x, x.shape[-1:], gamma, epsilon)
     if x.dtype in (torch.bfloat16, torch.float16):
-        return gamma * F.rms_norm(x.float(), x.shape[-1:], None, epsilon).to(x.dtype)  # (..., d)
+        return gamma * in_float32_row_chunks(x, lambda rows: F.rms_norm(rows, x.shape[-1:], None, epsilon))  # (..., d)
     return None
 
 
