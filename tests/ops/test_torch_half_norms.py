@@ -65,7 +65,9 @@ def test_layer_norm_in_chunks_equals_the_whole_input_widened(rng, monkeypatch, d
     with torch.no_grad():
         got = _fused.layer_norm(x, gamma, beta, 1e-6)
     rows_per_chunk = _fused.NORM_CHUNK_BYTES // (4 * shape[-1])
-    assert len(calls) == -(-x[..., 0].numel() // rows_per_chunk) > 1  # it did run in chunks
+    # Contiguous inputs run in chunks; others are widened whole.
+    assert len(calls) == (-(-x[..., 0].numel() // rows_per_chunk) if layout == "contiguous" else 1) > 0
+    assert len(calls) > 1 or layout != "contiguous"
     assert got.dtype == x.dtype and got.shape == x.shape
     want = _whole(x, gamma, beta, 1e-6)
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
@@ -118,7 +120,7 @@ def test_under_autograd_the_gradients_are_the_whole_inputs(rng, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_in_chunks_equals_the_whole_input_widened(rng, monkeypatch, dtype):
-    x = _hostile_input(rng, (8, 256, 576), dtype, "strided")
+    x = _hostile_input(rng, (8, 256, 576), dtype, "contiguous")
     gamma = torch.from_numpy(rng.standard_normal(576)).to(x.dtype)
     calls = _counting(monkeypatch, "rms_norm")
     with torch.no_grad():
@@ -134,3 +136,31 @@ def test_one_chunk_or_less_is_one_call(monkeypatch):
     with torch.no_grad():
         got = _fused.layer_norm(x, torch.ones(64), torch.zeros(64), 1e-5)
     assert calls == [3] and got.shape == x.shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inputs_strided_along_the_normalized_axis_keep_the_whole_paths_numbers(rng, dtype):
+    # torch's float32 RMSNorm of a strided input depends on its layout: 36 of 12.6M elements differed.
+    x = torch.from_numpy(rng.standard_normal((4, 384, 2048))).to(getattr(torch, dtype)).transpose(1, 2)  # (4, 2048, 384)
+    one = torch.ones(384, dtype=x.dtype)
+    with torch.no_grad():
+        got = _fused.rms_norm(x, one, 1e-6)
+        norm = _fused.layer_norm(x, None, None, 1e-6)
+    assert torch.equal(got, one * F.rms_norm(x.float(), (384,), None, 1e-6).to(x.dtype))
+    assert torch.equal(norm, _whole(x, None, None, 1e-6)) and norm.stride() == _whole(x, None, None, 1e-6).stride()
+
+
+def test_an_empty_normalized_axis_gives_an_empty_result():
+    x = torch.zeros(5, 0, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert _fused.layer_norm(x, None, None, 1e-6).shape == (5, 0)
+        assert _fused.rms_norm(x, torch.ones(0, dtype=torch.bfloat16), 1e-6).shape == (5, 0)
+
+
+def test_under_vmap_a_sample_larger_than_a_chunk_is_normalized_whole(rng):
+    x = torch.from_numpy(rng.standard_normal((3, 3000, 384))).to(torch.bfloat16)
+    got = torch.func.vmap(lambda t: _fused.layer_norm(t, None, None, 1e-6))(x)
+    assert torch.equal(got, _whole(x, None, None, 1e-6))
+    gamma = torch.ones(384, dtype=torch.bfloat16)
+    got = torch.func.vmap(lambda t: _fused.rms_norm(t, gamma, 1e-6))(x)
+    assert torch.equal(got, gamma * F.rms_norm(x.float(), (384,), None, 1e-6).to(x.dtype))

@@ -817,6 +817,11 @@ def in_float32_row_chunks(x, norm, *parameters):
     fast, is not used: it computes x * rstd - mean * rstd, so a constant row of 3000 with epsilon
     1e-6 normalizes to 0.066 instead of 0, and its backward sums beta's gradient imprecisely.
 
+    The whole input is widened at once elsewhere: under autograd (a chunked copy would record a node
+    per chunk), off the CPU, inside `torch.func` transforms (their batched tensors cannot be written
+    into a plain buffer), and for inputs that are not contiguous (torch's RMSNorm of a strided
+    float32 input depends on its layout, so the rows' copies would change the numbers).
+
     Args:
         x: (..., d) bfloat16 or float16. norm: (rows, d) float32 -> (rows, d) float32, row by row.
         parameters: the norm's torch tensors or None, for the autograd check.
@@ -824,10 +829,10 @@ def in_float32_row_chunks(x, norm, *parameters):
     import torch
 
     d = x.shape[-1]
-    step = max(1, NORM_CHUNK_BYTES // (4 * d))  # rows per chunk
-    if x.device.type != "cpu" or _records_graph(x, *parameters) or x.numel() <= step * d:
+    step = max(1, NORM_CHUNK_BYTES // (4 * d)) if d else 0  # rows per chunk
+    if not _plain_cpu_tensor(x) or _records_graph(x, *parameters) or x.numel() <= step * d:
         return norm(x.float()).to(x.dtype)
-    rows = x.reshape(-1, d)  # (rows, d)
+    rows = x.view(-1, d)  # (rows, d)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     for start in range(0, rows.shape[0], step):
         out[start : start + step] = norm(rows[start : start + step].float())  # rounded as .to(x.dtype)
@@ -1160,6 +1165,16 @@ def _onednn_takes(x, weight, bias, packed=False):
     if not (weight.is_contiguous() or weight.t().is_contiguous()):
         return False
     return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and _has_onednn_linear()
+
+
+def _plain_cpu_tensor(x):
+    """Whether x is a contiguous torch.Tensor on the CPU, neither a subclass nor wrapped by a
+    `torch.func` transform (vmap, grad): one whose memory a loop may write chunk by chunk."""
+    import torch
+
+    if type(x) is not torch.Tensor or x.device.type != "cpu" or not x.is_contiguous():
+        return False
+    return not torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
 def _records_graph(*tensors):
