@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from keras.src.backend.common.variables import get_autocast_scope  # no public name in Keras 3
+from keras.src.backend.common.variables import AutocastScope, get_autocast_scope  # no public names in Keras 3
 
 import attnkit
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
@@ -107,6 +107,40 @@ def test_encode_called_directly_keeps_mixed_precision(rng, monkeypatch):
     with pytest.raises(TypeError, match="must be a floating-point tensor"):  # the layers' own check, as before
         encoder.encode(integers)
     assert get_autocast_scope() is None
+
+
+@pytest.mark.parametrize("policy, scope", [("float32", "bfloat16"), ("mixed_bfloat16", "float16"), ("float32", None)])
+def test_a_sublayer_inside_another_layers_autocast_scope_computes_as_its_keras_call(rng, policy, scope):
+    """Keras's `__call__` runs a layer in an autocast scope of its own compute dtype inside another
+    layer's scope (a float32 layer inside a mixed_bfloat16 parent reads float32 kernels): called
+    directly, a sublayer must read its kernels the same way, not cast to the parent's dtype."""
+    layer = attnkit.Linear(4, dtype=policy)
+    layer.build((None, None, D))
+    x = ops.cast(ops.convert_to_tensor(rng.standard_normal((B, T, D))), layer.compute_dtype)
+    with AutocastScope(scope):
+        got, want = call_sublayer(layer, x), layer(x)
+    assert keras.backend.standardize_dtype(got.dtype) == layer.compute_dtype
+    np.testing.assert_array_equal(to_numpy(ops.cast(got, "float32")), to_numpy(ops.cast(want, "float32")))
+
+
+@pytest.mark.parametrize("policy, scope", [("float32", "bfloat16"), ("mixed_bfloat16", "float16")])
+def test_encode_inside_another_layers_autocast_scope_computes_in_its_own_precision(rng, policy, scope):
+    """A user's mixed-precision layer calling `encoder.encode` in its own `call`: the encoder computes
+    as it does alone and as `encoder(...)` would there (a float32 encoder in float32: 0.009 apart in
+    bfloat16 before this was fixed)."""
+    keras.config.set_dtype_policy(policy)
+    try:
+        encoder = attnkit.Encoder(20, T, 2, 4, 4, D, 16, 2, 0.0)
+        encoder.build((B, T))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    x = ops.convert_to_tensor(rng.standard_normal((B, T, D)).astype("float32"))
+    alone = encoder.encode(x, training=False)
+    with AutocastScope(scope):
+        inside = encoder.encode(x, training=False)
+        assert get_autocast_scope().dtype == scope  # the caller's scope is back after the call
+    assert keras.backend.standardize_dtype(inside.dtype) == encoder.compute_dtype
+    np.testing.assert_array_equal(to_numpy(ops.cast(inside, "float32")), to_numpy(ops.cast(alone, "float32")))
 
 
 def test_attend_projected_called_directly_casts_numpy_queries(rng):

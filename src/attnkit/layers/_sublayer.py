@@ -62,8 +62,8 @@ def _keras_call_needed(layer, args, reads_cast_variables=True):
         or keras.distribution.distribution() is not None
     ):
         return True
-    if policy.compute_dtype != policy.variable_dtype and reads_cast_variables and not _autocasting_for(layer):
-        return True  # its variables must be read in an autocast scope of its compute dtype
+    if reads_cast_variables and _scope_its_call_opens(layer)[0]:
+        return True  # its variables must be read in the autocast scope its __call__ opens
     for arg in args:
         if arg is None:
             continue
@@ -75,11 +75,19 @@ def _keras_call_needed(layer, args, reads_cast_variables=True):
     return False
 
 
-def _autocasting_for(layer):
-    """Whether the autocast scope open now (the parent's, for a mixed dtype policy) is the one
-    `layer.__call__` would run its call in: Keras then opens no scope of its own."""
+def _scope_its_call_opens(layer):
+    """(opens, dtype): whether `layer.__call__` would run its call in another autocast scope than the
+    one open now, and that scope's dtype, by Keras's rule (`Layer.__call__`, step 7). Where no scope
+    is open, a mixed policy opens one of its compute dtype; inside another layer's scope, a layer
+    opens one of its own compute dtype (None, no casts, if it does not autocast or computes in no
+    floating dtype). So a float32 sublayer inside a mixed-precision parent's scope reads its kernels
+    in float32, as its `__call__` would, not cast to the parent's bfloat16."""
     scope = get_autocast_scope()
-    return scope is not None and layer.autocast and scope.dtype == layer.compute_dtype
+    if scope is None:
+        mixed = layer.compute_dtype != layer.variable_dtype
+        return mixed, (layer.compute_dtype if mixed else None)
+    dtype = layer.compute_dtype if layer.autocast and "float" in _dtype_name(layer.compute_dtype) else None
+    return scope.dtype != dtype, dtype
 
 
 _DTYPE_NAMES = {}
@@ -110,7 +118,8 @@ def call_layer_stack(layers, x, padding_mask, training, return_attention_weights
 def as_in_own_call(layer, x):
     """For a public method of `layer` that runs its sublayers itself (`Encoder.encode`): yields `x`
     converted as `layer.__call__` converts its inputs (`DTypePolicy.convert_input`), inside the
-    autocast scope `__call__` would open (a mixed policy's compute dtype, where no scope is open).
+    autocast scope `__call__` would open (`_scope_its_call_opens`: a mixed policy's compute dtype where
+    no scope is open; the layer's own compute dtype inside another's scope).
     There `call_sublayer` skips the sublayers' own `__call__`s, as it does inside `layer.__call__`.
     An `x` that is not floating is yielded as it is, with no scope: the sublayers' `__call__`s then
     check it and refuse it with their own errors."""
@@ -119,8 +128,9 @@ def as_in_own_call(layer, x):
         yield x
         return
     x = layer.dtype_policy.convert_input(x, layer.autocast, layer.input_dtype)
-    if get_autocast_scope() is None and layer.autocast and layer.compute_dtype != layer.variable_dtype:
-        with AutocastScope(layer.compute_dtype):
+    opens, dtype = _scope_its_call_opens(layer)
+    if opens:
+        with AutocastScope(dtype):
             yield x
     else:
         yield x
