@@ -21,6 +21,7 @@ compile the forward pass, so for them this only shortens tracing.
 """
 
 import contextlib
+import functools
 
 import keras
 from keras.src.backend.common.variables import AutocastScope, get_autocast_scope  # no public names in Keras 3
@@ -114,6 +115,24 @@ def call_layer_stack(layers, x, padding_mask, training, return_attention_weights
     return (x, weights) if return_attention_weights else x
 
 
+def in_own_scope(method):
+    """Decorates a public method of a layer that runs its sublayers or reads its variables itself,
+    outside `__call__` (`MultiHeadAttention.project_queries`, `Transformer.logits`, a decoding step):
+    it runs in the autocast scope the layer's `__call__` would open (`_scope_its_call_opens`), so a
+    float32 layer's kernels are read in float32 inside a mixed-precision caller's scope, and a mixed
+    layer's in its compute dtype outside any. Inside the layer's own call nothing changes."""
+
+    @functools.wraps(method)
+    def scoped(layer, *args, **kwargs):
+        opens, dtype = _scope_its_call_opens(layer)
+        if not opens:
+            return method(layer, *args, **kwargs)
+        with AutocastScope(dtype):
+            return method(layer, *args, **kwargs)
+
+    return scoped
+
+
 @contextlib.contextmanager
 def as_in_own_call(layer, x):
     """For a public method of `layer` that runs its sublayers itself (`Encoder.encode`): yields `x`
@@ -123,6 +142,8 @@ def as_in_own_call(layer, x):
     There `call_sublayer` skips the sublayers' own `__call__`s, as it does inside `layer.__call__`.
     An `x` that is not floating is yielded as it is, with no scope: the sublayers' `__call__`s then
     check it and refuse it with their own errors."""
+    if isinstance(x, (list, tuple)):  # nested Python numbers, as Keras's `__call__` converts them
+        x = keras.ops.convert_to_tensor(x)
     dtype = getattr(x, "dtype", None)
     if dtype is None or "float" not in keras.backend.standardize_dtype(dtype):
         yield x

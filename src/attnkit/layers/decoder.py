@@ -15,7 +15,7 @@ from attnkit._validation import positive_int
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._stack_config import STACK_FIELDS, StackConfig
-from attnkit.layers._sublayer import call_layer_norm, call_sublayer
+from attnkit.layers._sublayer import call_layer_norm, call_sublayer, in_own_scope
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_layer import DecoderLayer
 from attnkit.layers.kv_cache import KVCache, keep_mask
@@ -125,6 +125,7 @@ class Decoder(StackConfig, CheckedCall, keras.layers.Layer):
             y = call_layer_norm(self.final_norm, y)
         return (y, self_weights, cross_weights) if return_attention_weights else y
 
+    @in_own_scope
     def project_encoder_output(self, encoder_output):
         """Every layer's cross-attention keys and values, computed once per source for decoding."""
         if not self.built:  # decoding may start here, before any call has built the layers
@@ -137,6 +138,7 @@ class Decoder(StackConfig, CheckedCall, keras.layers.Layer):
         max_length = self.sequence_length if max_length is None else positive_int("max_length", max_length)
         return KVCache(self.n, positive_int("batch", batch), self.h, max_length, self.d_k, self.compute_dtype, d_v=self.d_v)
 
+    @in_own_scope
     def decode_step(self, target_ids, cache, cross_keys_values, padding_mask=None, *, return_attention_weights=False):
         """Cached decoding: the decoder output at the newest target positions only.
 

@@ -20,7 +20,7 @@ from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._stack_config import LAYER_FIELDS, StackConfig
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_sublayer, in_own_scope
 from attnkit.layers.encoder_layer import key_padding
 from attnkit.layers.feed_forward import FeedForward
 from attnkit.layers.multi_head_attention import MultiHeadAttention
@@ -130,6 +130,7 @@ class DecoderLayer(StackConfig, CheckedCall, keras.layers.Layer):
     def _feed_forward(self, x):
         return call_sublayer(self.feed_forward, x)  # (B, T, d_model)
 
+    @in_own_scope
     def decode_step(
         self, x, cross_keys_values, padding_mask=None, *, cache, layer_index, start, keep=None, causal=False,
         return_attention_weights=False,
@@ -179,6 +180,7 @@ class DecoderLayer(StackConfig, CheckedCall, keras.layers.Layer):
         x = call_sublayer(self.feed_forward_block, x, sublayer=self._feed_forward, training=False)
         return (x, cross_weights[0]) if return_attention_weights else x
 
+    @in_own_scope
     def project_encoder_output(self, encoder_output):
         """The cross-attention's keys and values, computed once per source sentence for decoding."""
         return self.cross_attention.project_keys_values(encoder_output, encoder_output)

@@ -13,7 +13,7 @@ from attnkit._validation import boolean, positive_int, rate
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._shapes import check_built_width
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers._sublayer import call_sublayer, in_own_scope
 from attnkit.layers.linear import Linear
 from attnkit.ops import _fused
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
@@ -159,6 +159,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         parts = project_side_by_side(x, projections, self.compute_dtype)  # (B, T, h * d) each
         return [_fused.split_heads(part, self._heads(d), d.units // self._heads(d)) for part, d in zip(parts, projections)]  # (B, h, T, d)
 
+    @in_own_scope
     def project_keys_values(self, keys, values):
         """Step 1 for keys and values: W_k, W_v and the split into heads.
 
@@ -171,17 +172,28 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         Returns:
             (k, v): (B, h_kv, T_k, d_k) and (B, h_kv, T_k, d_v), h_kv = `num_kv_heads`.
         """
+        self._check_built("project_keys_values")
         if projection_path((self.W_k, self.W_v), keys is values) == SIDE_BY_SIDE:
             return tuple(self._project_together(keys, (self.W_k, self.W_v)))  # the usual cross-attention
         return self._into_heads(self.W_k, keys), self._into_heads(self.W_v, values)
 
+    @in_own_scope
     def project_queries(self, queries):
         """Step 1 for the queries: W_q and the split into heads, (B, T_q, d_q) -> (B, h, T_q, d_k).
 
         A layer that rotates the projected queries and keys (RoPE) projects them with this and
         `project_keys_values`, then calls `attend_projected`.
         """
+        self._check_built("project_queries")
         return self._into_heads(self.W_q, queries)
+
+    def _check_built(self, method):
+        """The steps called directly read the projections' kernels: `__call__` builds them, they do not."""
+        if not self.built:
+            raise ValueError(
+                f"`MultiHeadAttention.{method}` needs a built layer: call the layer once, or call "
+                "`build(queries_shape, keys_shape, values_shape)`, first."
+            )
 
     def _heads(self, projection):
         """The number of heads a projection's output splits into: h_kv for W_k and W_v, else h."""
@@ -208,6 +220,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         dtype = self.compute_dtype
         return ops.cast(projection.kernel, dtype), ops.cast(projection.bias, dtype) if self.use_bias else None
 
+    @in_own_scope
     def attend_projected(
         self, queries, k, v, mask=None, *, causal=False, return_attention_weights=False, training=None,
         projected_queries=None,
@@ -223,6 +236,7 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         Returns:
             output (B, T_q, d_model), and weights (B, h, T_q, T_k) when `return_attention_weights`.
         """
+        self._check_built("attend_projected")
         # 1. project the queries, and split the heads: (B, T_q, h * d_k) -> (B, h, T_q, d_k)
         q = projected_queries
         if q is None:

@@ -10,6 +10,7 @@ from keras import ops
 
 from attnkit._validation import boolean
 from attnkit.layers._call_checks import CheckedCall
+from attnkit.layers._sublayer import in_own_scope
 from attnkit.layers.decoder import Decoder
 from attnkit.layers.encoder import Encoder
 from attnkit.layers.linear import Linear
@@ -99,8 +100,14 @@ class Transformer(CheckedCall, keras.Model):
         source_mask = None if source_mask is None else ops.expand_dims(source_mask, 1)  # (B, 1, S)
         return self.encoder(encoder_input, source_mask, training=training), source_mask
 
+    @in_own_scope
     def logits(self, y):
         """Decoder outputs (..., d_model) -> float32 logits (..., V)."""
+        if not self.built:
+            raise ValueError(
+                "`Transformer.logits` needs a built model: call it once on (source ids, target ids), or call "
+                "`build(source_shape, target_shape)`, first."
+            )
         if self.tie_weights:
             embeddings = self.decoder.token_embeddings  # (V, d_model)
             logits = ops.matmul(y, ops.cast(ops.transpose(embeddings), y.dtype)) + ops.cast(self.output_bias, y.dtype)
