@@ -282,3 +282,36 @@ def test_refuses_unimplemented_config(tmp_path_factory):
     json.dump(config, open(f"{path}/config.json", "w"))
     with pytest.raises(ValueError, match="'gpt2'"):
         load_causal_lm(path)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("num_hidden_layers", None), ("hidden_size", "48"), ("vocab_size", True), ("num_attention_heads", 0),
+    ("intermediate_size", 80.0), ("num_key_value_heads", -2), ("head_dim", "8"),
+])
+def test_a_missing_or_bad_size_in_config_json_is_refused_by_name(tmp_path_factory, key, value):
+    import json
+    import os
+
+    _, path = _save(tmp_path_factory, "llama")
+    file = os.path.join(path, "config.json")
+    with open(file) as f:
+        config = json.load(f)
+    if value is None:
+        del config[key]
+    else:
+        config[key] = value
+    with open(file, "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match=rf"config\.json: `{key}` must be a positive integer\. Received: {key}="):
+        load_causal_lm(path)
+
+
+def test_a_shard_index_without_its_weight_map_is_refused_by_name(tmp_path_factory):
+    import json
+    import os
+
+    _, path = _save(tmp_path_factory, "llama")
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}}, f)
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json: `weight_map` must be an object"):
+        load_causal_lm(path)

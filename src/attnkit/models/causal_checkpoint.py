@@ -12,6 +12,7 @@ Legend: V vocabulary, d_model width, n layers.
 """
 
 import json
+import numbers
 import os
 
 import numpy as np
@@ -96,7 +97,7 @@ def load_causal_lm(path=None, *, dtype="float32"):
         weights = read_hf_weights(path)
         tokenizer, template, special, stop_ids = read_hf_tokenizer(path, config)
         pad_id = config.get("pad_token_id")
-    model = build_causal_lm(config, dtype)
+    model = build_causal_lm(config, dtype, source=path if os.path.isfile(path) else os.path.join(path, "config.json"))
     assign_weights(model, config, weights, path)
     model.trainable = False
     return PretrainedCausalLM(
@@ -105,8 +106,19 @@ def load_causal_lm(path=None, *, dtype="float32"):
     )
 
 
-def model_arguments(config):
-    """`CausalLM` keyword arguments from a Hugging Face-style config dict, refusing what is not implemented."""
+def _size(source, config, key, default=None):
+    """config[key] as an integer >= 1, `default` when absent or null; anything else refused by name."""
+    value = config.get(key)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{source}: `{key}` must be a positive integer. Received: {key}={value!r}")
+    return int(value)
+
+
+def model_arguments(config, source="config.json"):
+    """`CausalLM` keyword arguments from a Hugging Face-style config dict, refusing what is not
+    implemented; `source` names where the config came from in errors."""
     model_type = config.get("model_type")
     if model_type not in HF_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not a decoder attnkit loads (supported: {HF_MODEL_TYPES})")
@@ -119,7 +131,7 @@ def model_arguments(config):
     theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
     if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("partial_rotary_factor other than 1 is not implemented in attnkit")
-    n = int(config["num_hidden_layers"])
+    n = _size(source, config, "num_hidden_layers")
     window = config.get("sliding_window")
     layer_types = config.get("layer_types")
     if layer_types is not None:
@@ -130,21 +142,22 @@ def model_arguments(config):
         windows = [window if i >= config.get("max_window_layers", n) else None for i in range(n)]
     else:
         windows = [None] * n
-    h = int(config["num_attention_heads"])
+    h = _size(source, config, "num_attention_heads")
+    d_model = _size(source, config, "hidden_size")
     biased = config.get("attention_bias", False) if model_type == "llama" else model_type == "qwen2"
     return dict(
-        vocab_size=int(config["vocab_size"]), n=n, d_model=int(config["hidden_size"]), h=h,
-        d_ff=int(config["intermediate_size"]), num_kv_heads=int(config.get("num_key_value_heads") or h),
-        d_k=int(config.get("head_dim") or config["hidden_size"] // h), rope_theta=float(theta),
+        vocab_size=_size(source, config, "vocab_size"), n=n, d_model=d_model, h=h,
+        d_ff=_size(source, config, "intermediate_size"), num_kv_heads=_size(source, config, "num_key_value_heads", h),
+        d_k=_size(source, config, "head_dim", d_model // h), rope_theta=float(theta),
         epsilon=float(config.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=bool(biased), output_bias=bool(biased and model_type == "llama"),
         mlp_bias=bool(config.get("mlp_bias", False)), sliding_windows=windows,
     )
 
 
-def build_causal_lm(config, dtype="float32"):
-    """A built `CausalLM` for a Hugging Face-style config."""
-    model = CausalLM(**model_arguments(config), dtype=dtype, name="causal_lm")
+def build_causal_lm(config, dtype="float32", source="config.json"):
+    """A built `CausalLM` for a Hugging Face-style config (read from `source`, named in errors)."""
+    model = CausalLM(**model_arguments(config, source), dtype=dtype, name="causal_lm")
     model.build((None, None))
     return model
 
@@ -199,7 +212,7 @@ def read_hf_config(path):
         raise FileNotFoundError(f"No config.json in {path}")
     with open(file, encoding="utf-8") as f:
         config = json.load(f)
-    model_arguments(config)  # refuses unsupported fields before the weights are read
+    model_arguments(config, file)  # refuses unsupported fields before the weights are read
     return config
 
 
@@ -210,7 +223,10 @@ def read_hf_weights(path):
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{index}: `weight_map` must be an object of tensor names to shard files. Received: {weight_map!r}")
+        files = sorted(set(weight_map.values()))
     elif os.path.isfile(os.path.join(path, "model.safetensors")):
         files = ["model.safetensors"]
     else:

@@ -93,7 +93,7 @@ def _write_modules(encoder, directory):
     modes = list(pipeline.pooling)
     _json(os.path.join(directory, "1_Pooling", "config.json"), {
         "embedding_dimension": encoder.d_model, "pooling_mode": modes[0] if len(modes) == 1 else modes,
-        "include_prompt": True,
+        "include_prompt": pipeline.include_prompt,
     })
     for dense in pipeline.dense:
         folder = f"{len(modules)}_Dense"

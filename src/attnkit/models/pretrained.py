@@ -86,7 +86,7 @@ def _load_encoder(path):
     """A `PretrainedEncoder` from an encoder directory (see `load_pretrained`)."""
     pipeline = sentence_pipeline.read_pipeline(path, lambda p: checkpoints.read_config(p)[1]["d_model"])
     source = pipeline.transformer_path
-    family, arguments, config = checkpoints.read_config(source)
+    family, arguments, config = checkpoints.read_config(source, pipeline.config_overrides)
     stored, weights_file = weights.read_state_dict(source)
     model = BertEncoder(**arguments, name="bert_encoder")
     model.build((None, None))
@@ -217,7 +217,7 @@ class PretrainedEncoder:
             return _numpy(hidden)[:, :T], [_numpy(w)[:, :, :T, :T] for w in weights]
         return _numpy(outputs)[:, :T]
 
-    def encode(self, texts, batch_size=64, progress=False, *, normalize=None):
+    def encode(self, texts, batch_size=64, progress=False, *, normalize=None, prompt=None, prompt_name=None):
         """Sentence embeddings, as the directory's sentence-transformers modules compute them: the
         pooled token vectors, then each Dense module, then Normalize when the directory has one.
 
@@ -229,12 +229,18 @@ class PretrainedEncoder:
             progress: show a `keras.utils.Progbar`. Default False.
             normalize: None (default): L2-normalise exactly when the directory has a Normalize
                 module; True or False overrides it.
+            prompt: a text put before every text (e.g. "query: "), or None.
+            prompt_name: the name of one of config_sentence_transformers.json's `prompts`, or None.
+                With neither, its `default_prompt_name`'s prompt, if it names one, as
+                sentence-transformers' `encode` does; `prompt=""` adds none. When the Pooling module
+                has include_prompt=false, the prompt's tokens ([CLS] included) are left out of the pooling.
 
         Returns:
             float32 (N, dimension), or (dimension,) for one string.
 
         Raises:
-            TypeError: `normalize` not None, True or False.
+            TypeError: `normalize` not None, True or False; `prompt` or `prompt_name` not a string.
+            ValueError: an unknown `prompt_name`, or both `prompt` and `prompt_name`.
 
         Warns:
             UserWarning naming how many texts were truncated at `max_length` tokens.
@@ -245,6 +251,12 @@ class PretrainedEncoder:
             raise TypeError(f"`normalize` must be None, True or False. Received: normalize={normalize!r}")
         single, texts = _one_or_many(texts)
         batch_size = positive_int("batch_size", batch_size)
+        prompt = self._prompt(prompt, prompt_name)
+        prompt_length = 0
+        if prompt:
+            texts = [prompt + text for text in texts]
+            if not self.pipeline.include_prompt:
+                prompt_length = self._prompt_length(prompt)
         token_ids, padding_mask, _ = self.tokenize(texts)
         embeddings = np.zeros((len(texts), self.dimension), dtype=np.float32)
         order = np.argsort(-padding_mask.sum(axis=1), kind="stable")  # longest first
@@ -258,7 +270,7 @@ class PretrainedEncoder:
             T = int(padding_mask[rows].sum(axis=1).max())
             mask = padding_mask[rows, :T]
             hidden = self._run(token_ids[rows, :T], mask)  # (B, T, d_model)
-            pooled = sentence_pipeline.pool(self.pipeline.pooling, hidden, mask)  # (B, modes * d_model)
+            pooled = sentence_pipeline.pool(self.pipeline.pooling, hidden, mask, prompt_length)  # (B, modes * d_model)
             for dense in self.pipeline.dense:
                 pooled = dense(pooled)  # (B, d_out)
             embeddings[rows] = pooled
@@ -268,6 +280,30 @@ class PretrainedEncoder:
             # as torch.nn.functional.normalize: x / max(||x||, 1e-12)
             embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
         return embeddings[0] if single else embeddings
+
+    def _prompt(self, prompt, prompt_name):
+        """The prompt `encode` puts before each text: `prompt`, the named one, or the default one."""
+        for key, value in (("prompt", prompt), ("prompt_name", prompt_name)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"`{key}` must be a string or None. Received: {key} of type {type(value).__name__}")
+        if prompt is not None and prompt_name is not None:
+            raise ValueError(f"Give `prompt` or `prompt_name`, not both. Received: prompt={prompt!r}, prompt_name={prompt_name!r}")
+        prompts = dict(self.pipeline.prompts)
+        if prompt is not None:
+            return prompt
+        name = self.pipeline.default_prompt_name if prompt_name is None else prompt_name
+        if name is None:
+            return None
+        if name not in prompts:
+            raise ValueError(f"`prompt_name` must be one of the directory's prompts {sorted(prompts)}. Received: prompt_name={name!r}")
+        return prompts[name]
+
+    def _prompt_length(self, prompt):
+        """The prompt's tokens as sentence-transformers counts them for include_prompt=false: the
+        prompt tokenized alone, less a trailing special token ([SEP])."""
+        encoding = self.tokenizer.encode(prompt)
+        special = encoding.special_tokens_mask
+        return len(encoding.ids) - (1 if special and special[-1] else 0)
 
     def save_pretrained(self, directory, *, overwrite=False):
         """Writes a Hugging Face directory that transformers' AutoModel and sentence-transformers load

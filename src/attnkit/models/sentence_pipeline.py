@@ -34,6 +34,7 @@ DENSE_ACTIVATIONS = {
     "torch.nn.modules.activation.SiLU": lambda x: x / (1 + np.exp(-x)),
     "torch.nn.modules.activation.GELU": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
 }
+SENTENCE_TRANSFORMERS_CONFIG = "config_sentence_transformers.json"
 _SENTENCE_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json",
                           "sentence_distilbert_config.json", "sentence_xlm-roberta_config.json")
 
@@ -66,6 +67,10 @@ class Pipeline(NamedTuple):
     dense: tuple  # Dense modules, in order
     normalize: bool  # a Normalize module ends the pipeline
     sentence_config: dict  # the Transformer's sentence_bert_config.json, {} when absent
+    include_prompt: bool = True  # Pooling's include_prompt: False leaves a prompt's tokens out of the pooling
+    prompts: tuple = ()  # config_sentence_transformers.json's prompts, as (name, text) pairs
+    default_prompt_name: str = None  # the prompt `encode` adds when none is named
+    config_overrides: tuple = ()  # sentence_bert_config.json's config_kwargs, (field, value) pairs over config.json
 
 
 def read_modules(root):
@@ -115,7 +120,7 @@ def read_pipeline(root, d_model_of):
         return Pipeline(root, None, ("mean",), (), False, {})
     transformer_path = modules[0][1]
     width = d_model_of(transformer_path)
-    pooling = _read_pooling(modules[1][1], width)
+    pooling, include_prompt = _read_pooling(modules[1][1], width)
     width *= len(pooling)
     dense = []
     for kind, path in modules[2:]:
@@ -127,8 +132,38 @@ def read_pipeline(root, d_model_of):
         sentence_config = read_json(os.path.join(transformer_path, name), required=False)
         if sentence_config is not None:
             break
+    sentence_config = sentence_config or {}
+    prompts, default_prompt_name = _read_prompts(os.path.join(root, SENTENCE_TRANSFORMERS_CONFIG))
     return Pipeline(transformer_path, tuple(modules), pooling, tuple(dense), modules[-1][0] == "Normalize",
-                    sentence_config or {})
+                    sentence_config, include_prompt, prompts, default_prompt_name,
+                    _config_overrides(os.path.join(transformer_path, name), sentence_config))
+
+
+def _read_prompts(file):
+    """config_sentence_transformers.json's prompts as (name, text) pairs and its default_prompt_name,
+    checked as sentence-transformers checks them; ((), None) when the file is absent."""
+    config = read_json(file, required=False) or {}
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ValueError(f"{file}: `prompts` must map prompt names to prompt texts. Received: prompts={prompts!r}")
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ValueError(
+            f"{file}: default_prompt_name {default!r} is not one of the prompts {sorted(prompts)}"
+        )
+    return tuple(prompts.items()), default
+
+
+def _config_overrides(file, sentence_config):
+    """sentence_bert_config.json's config_kwargs (formerly config_args): fields sentence-transformers
+    sets over config.json's when it loads the encoder (`AutoConfig.from_pretrained(path, **kwargs)`)."""
+    given = {key: sentence_config[key] for key in ("config_kwargs", "config_args") if sentence_config.get(key) is not None}
+    for key, value in given.items():
+        if not isinstance(value, dict):
+            raise ValueError(f"{file}: `{key}` must be an object of config fields. Received: {key}={value!r}")
+    if len(given) == 2 and given["config_kwargs"] != given["config_args"]:
+        raise ValueError(f"{file}: `config_kwargs` and its older name `config_args` differ: {given}")
+    return tuple(next(iter(given.values()), {}).items())
 
 
 def _read_pooling(path, d_model):
@@ -147,7 +182,10 @@ def _read_pooling(path, d_model):
     dimension = config.get("embedding_dimension", config.get("word_embedding_dimension", d_model))
     if dimension != d_model:
         raise ValueError(f"{file}: `embedding_dimension` is {dimension!r}, but the encoder's width is {d_model}")
-    return tuple(modes)
+    include_prompt = config.get("include_prompt", True)
+    if not isinstance(include_prompt, bool):
+        raise ValueError(f"{file}: `include_prompt` must be true or false. Received: include_prompt={include_prompt!r}")
+    return tuple(modes), include_prompt
 
 
 def _read_dense(path, d_in):
@@ -188,17 +226,24 @@ def _read_dense(path, d_in):
     )
 
 
-def pool(modes, hidden, mask):
+def pool(modes, hidden, mask, prompt_length=0):
     """Pooled token vectors, concatenated over `modes`, as sentence-transformers' Pooling computes them.
 
     Args:
         modes: pooling modes.
         hidden: float32 (B, T, d_model) token vectors.
         mask: bool (B, T), True at real tokens (right-padded).
+        prompt_length: the leading tokens (a prompt's, [CLS] included) left out of the pooling, as
+            Pooling's include_prompt=False leaves them out: masked for every mode, while weightedmean
+            still counts positions from the first token.
 
     Returns:
         float32 (B, len(modes) * d_model).
     """
+    first = mask.argmax(axis=1)  # (B,) the first real token
+    if prompt_length:
+        mask = mask.copy()
+        mask[:, :prompt_length] = False
     weights = mask[..., None].astype(np.float32)  # (B, T, 1)
     lengths = np.maximum(weights.sum(axis=1), 1e-9)  # (B, 1)
     vectors = []
@@ -213,7 +258,7 @@ def pool(modes, hidden, mask):
             vectors.append((hidden * weights).sum(axis=1) / np.sqrt(lengths))
         elif mode == "weightedmean":
             # position weights 1, 2, ... counted from the first real token
-            position = np.arange(1, hidden.shape[1] + 1, dtype=np.float32)[None, :, None] - mask.argmax(axis=1)[:, None, None]
+            position = np.arange(1, hidden.shape[1] + 1, dtype=np.float32)[None, :, None] - first[:, None, None]
             weighted = weights * position  # (B, T, 1)
             vectors.append((hidden * weighted).sum(axis=1) / np.maximum(weighted.sum(axis=1), 1e-9))
         else:  # lasttoken: the last real token

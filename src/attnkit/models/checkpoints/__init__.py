@@ -46,8 +46,13 @@ def model_type_of(file, config):
     )
 
 
-def read_config(path):
+def read_config(path, overrides=()):
     """config.json's family and the `BertEncoder` arguments it implies.
+
+    Args:
+        path: the encoder's directory.
+        overrides: (field, value) pairs set over config.json's (sentence_bert_config.json's
+            config_kwargs, as sentence-transformers passes them to transformers' AutoConfig).
 
     Returns:
         (family, arguments, config): the `Family`, BertEncoder keyword arguments, config.json's dict.
@@ -59,6 +64,11 @@ def read_config(path):
     """
     file = os.path.join(path, CONFIG_FILE)
     config = read_json(file)
+    if overrides:
+        if not isinstance(config, dict):
+            raise ValueError(f"{file} must hold a JSON object. Received: {type(config).__name__}")
+        config = {**config, **dict(overrides)}
+        file = f"{file} (with sentence_bert_config.json's config_kwargs {dict(overrides)})"
     model_type = model_type_of(file, config)
     family = family_named(model_type)
     if family is None:
