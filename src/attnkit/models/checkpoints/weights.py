@@ -11,6 +11,7 @@ or a buffer; anything else is refused by name. Errors list the tensors.
 """
 
 import os
+import warnings
 
 import numpy as np
 
@@ -167,6 +168,14 @@ def match(stored, family, model, file, config_file):
             f"{file}: {len(unknown)} stored tensors are not part of the {family.name} encoder {config_file} "
             f"describes (n={model.n}, d_model={model.d_model}): {_names(unknown)}; "
             "do the config and the weights belong together?"
+        )
+    heads = sorted(n for n in stored if n not in expected and n not in carried_shapes and n.startswith(family.heads))
+    if heads:  # transformers says the same of a base model loaded from a task model's checkpoint
+        prefixes = sorted({p for p in family.heads for n in heads if n.startswith(p)})
+        warnings.warn(
+            f"{file}: {len(heads)} tensors of task heads ({', '.join(prefixes)}) are not loaded: attnkit runs "
+            f"the base {family.name} encoder, and export writes the base model only",
+            stacklevel=4,
         )
     for name, (variable, transposed) in table.items():
         variable.assign(stored[name].T if transposed else stored[name])
