@@ -66,6 +66,17 @@ def test_an_unknown_stored_tensor_is_refused_by_name(checkpoints, tmp_path):
         attnkit.load_pretrained(path)
 
 
+def test_half_a_pooler_is_refused_by_name(checkpoints, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    path = _copy(checkpoints.base("bert"), tmp_path / "model")
+    weights = load_file(path / "model.safetensors")
+    del weights["pooler.dense.bias"]
+    save_file(weights, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"the pooler is incomplete: .*pooler\.dense\.weight.* stored without .*pooler\.dense\.bias"):
+        attnkit.load_pretrained(path)
+
+
 @pytest.mark.parametrize("head, family", [("BertForMaskedLM", "bert"), ("RobertaForMaskedLM", "roberta"),
                                           ("ElectraForPreTraining", "electra"), ("DistilBertForMaskedLM", "distilbert")])
 def test_task_checkpoints_load_their_encoder(checkpoints, tmp_path, head, family):

@@ -39,6 +39,15 @@ _LAYER_NAMES = {
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
+# The `<architecture>.` metadata keys attnkit reads (or checks are at their neutral values); any other is refused.
+ARCHITECTURE_KEYS = frozenset({
+    "vocab_size", "block_count", "context_length", "embedding_length", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+    "attention.layer_norm_rms_epsilon", "rope.dimension_count", "rope.freq_base", "rope.scaling.type",
+    "rope.scaling.factor", "rope.scale_linear", "rope.scaling.original_context_length",
+})
+
+
 def read_gguf(path):
     """Reads a GGUF file.
 
@@ -69,9 +78,22 @@ def read_gguf(path):
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported by attnkit (supported: {sorted(ARCHITECTURES)}). Received: {path}"
         )
+    unread = sorted(k for k in meta if k.startswith(f"{arch}.") and k[len(arch) + 1:] not in ARCHITECTURE_KEYS)
+    if unread:  # e.g. attention.sliding_window, expert_count: they change the math, and attnkit would not apply them
+        raise ValueError(
+            f"GGUF metadata attnkit does not implement: {', '.join(f'{k}={value(k)!r}' for k in unread)}. Received: {path}"
+        )
     scaling = value(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ValueError(f"RoPE scaling {scaling!r} is not implemented in attnkit. Received: {path}")
+    for key in (f"{arch}.rope.scaling.factor", f"{arch}.rope.scale_linear"):
+        if scaling is None and value(key) not in (None, 1, 1.0):  # llama.cpp scales linearly when no type is given
+            raise ValueError(f"RoPE scaling ({key}={value(key)!r}) is not implemented in attnkit. Received: {path}")
+    if value(f"{arch}.attention.value_length") not in (None, value(f"{arch}.attention.key_length", None) or value(f"{arch}.embedding_length") // value(f"{arch}.attention.head_count")):
+        raise ValueError(
+            f"A value head width other than the key's ({arch}.attention.value_length={value(f'{arch}.attention.value_length')!r}) "
+            f"is not implemented in attnkit's decoder. Received: {path}"
+        )
     h, h_kv = int(value(f"{arch}.attention.head_count")), int(value(f"{arch}.attention.head_count_kv", value(f"{arch}.attention.head_count")))
     d_model = int(value(f"{arch}.embedding_length"))
     d_k = int(value(f"{arch}.attention.key_length", d_model // h))

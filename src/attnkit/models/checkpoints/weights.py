@@ -169,6 +169,12 @@ def match(stored, family, model, file, config_file):
             f"describes (n={model.n}, d_model={model.d_model}): {_names(unknown)}; "
             "do the config and the weights belong together?"
         )
+    carried = [n for n in carried_shapes if n in stored]
+    if carried and len(carried) != len(carried_shapes):  # written back on export: half a pooler would not load there
+        raise ValueError(
+            f"{file}: the pooler is incomplete: {_names(carried)} stored without "
+            f"{_names([n for n in carried_shapes if n not in stored])}"
+        )
     heads = sorted(n for n in stored if n not in expected and n not in carried_shapes and n.startswith(family.heads))
     if heads:  # transformers says the same of a base model loaded from a task model's checkpoint
         prefixes = sorted({p for p in family.heads for n in heads if n.startswith(p)})

@@ -1,0 +1,52 @@
+"""GGUF metadata that changes a model's arithmetic and that attnkit does not apply is refused by name,
+before any tensor is read (docs/decisions.md item 77): a sliding window, mixture-of-experts counts, an
+attention temperature, RoPE scaling (llama.cpp scales linearly when only a factor is given), a value
+head width other than the key's. Files written at test time with `gguf.GGUFWriter`."""
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from attnkit.models.gguf_checkpoint import read_gguf  # noqa: E402
+
+
+def _write(path, **extra):
+    """A two-layer llama GGUF's metadata and one tensor; `extra`: GGUFWriter.add_* calls."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_token_list([f"t{i}" for i in range(8)])
+    for name, value in extra.items():
+        getattr(writer, f"add_{name}")(value)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("extra, message", [
+    (dict(sliding_window=3), r"GGUF metadata attnkit does not implement: llama\.attention\.sliding_window=3"),
+    (dict(expert_count=4), r"does not implement: llama\.expert_count=4"),
+    (dict(rope_scaling_factor=4.0), r"RoPE scaling \(llama\.rope\.scaling\.factor=4\.0\) is not implemented"),
+    (dict(rope_scaling_type=gguf.RopeScalingType.LINEAR), r"RoPE scaling 'linear' is not implemented"),
+    (dict(key_length=8, value_length=16), r"A value head width other than the key's \(llama\.attention\.value_length=16\)"),
+])
+def test_metadata_attnkit_does_not_apply_is_refused_by_name(tmp_path, extra, message):
+    with pytest.raises(ValueError, match=message):
+        read_gguf(_write(tmp_path / "model.gguf", **extra))
+
+
+def test_neutral_values_of_those_keys_are_read(tmp_path):
+    # A scaling factor of 1 and equal key and value widths change nothing: the metadata is read.
+    config, weights, _ = read_gguf(_write(tmp_path / "model.gguf", rope_scaling_factor=1.0, key_length=8, value_length=8))
+    assert (config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]) == (8, 4, 2)
+    assert config["rope_theta"] == 10000.0 and list(weights) == ["model.embed_tokens.weight"]
