@@ -30,6 +30,7 @@ CASES = {
     "llama_bias_tied": dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
     "mistral": dict(sliding_window=3),
     "qwen2": dict(rope_theta=1000.0),
+    "qwen2_mlp_bias": dict(mlp_bias=True),  # transformers' Qwen2 MLP has no biases whatever the config says
 }
 
 

@@ -151,7 +151,8 @@ def model_arguments(config, source="config.json"):
         d_k=_size(source, config, "head_dim", d_model // h), rope_theta=float(theta),
         epsilon=float(config.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=bool(biased), output_bias=bool(biased and model_type == "llama"),
-        mlp_bias=bool(config.get("mlp_bias", False)), sliding_windows=windows,
+        mlp_bias=bool(config.get("mlp_bias", False)) and model_type == "llama",  # mistral's and qwen2's MLPs have none
+        sliding_windows=windows,
     )
 
 
