@@ -188,3 +188,18 @@ def test_an_encoder_trains_with_fit_and_predicts_as_its_eager_call(rng):
         history = model.fit(ids, target, epochs=3, batch_size=4, verbose=0).history["loss"]
         assert np.isfinite(history).all() and history[-1] < history[0]
         np.testing.assert_allclose(model.predict(ids, verbose=0), model(ids).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_second_model_trains_after_the_first_is_gone(tmp_path, capsys):
+    """The compiled norm is one function for every model: given the variables themselves, it kept the
+    first model's, and training a second translator after the first was gone raised "Called a
+    function referencing variables which have been deleted" (the CLI's `train` twice in a process)."""
+    import gc
+
+    from attnkit import cli
+
+    tiny = ["--epochs", "1", "--train-size", "128", "--batch-size", "64", "--d-model", "16", "--heads", "2",
+            "--layers", "1", "--d-ff", "32", "--quiet"]
+    for name in ("first", "second"):
+        assert cli.main(["train", *tiny, "--output-dir", str(tmp_path / name)]) == 0, capsys.readouterr().err
+        gc.collect()

@@ -870,6 +870,9 @@ def tensorflow_layer_norm(x, gamma, beta, epsilon):
     gamma, beta = _variable_value(gamma), _variable_value(beta)
     if not (x.dtype in (tf.float32, tf.bfloat16, tf.float16) and gamma.dtype == beta.dtype == tf.float32):
         return None
+    # Their values, read here: the one cached function given the variables themselves kept the first
+    # model's, and a later model's training raised "referencing variables which have been deleted".
+    gamma, beta = tf.convert_to_tensor(gamma), tf.convert_to_tensor(beta)
     return _xla_layer_norm()(x, gamma, beta, float(epsilon))
 
 
