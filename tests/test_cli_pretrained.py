@@ -93,6 +93,9 @@ def test_embed_refuses_to_overwrite_without_force(tmp_path, capsys):
         (["similarity"], "no texts: give them as arguments, one per line with --input FILE, or on stdin"),
         (["heads", "a b", "--layer", "6"], "--layer must be in [-6, 5] (0 = first, -1 = last) for this 6-layer model. Received: 6"),
         (["heads", "a b", "--output", "heads.jpg"], "--output must end in .png. Received: heads.jpg"),
+        (["export", ""], "DIR must not be empty"),
+        (["embed", "\udcff\udcfe abc"], "argument texts: is not UTF-8 text (byte 0xff at offset 0)"),
+        (["heads", "ok \udce9"], "argument sentence: is not UTF-8 text (byte 0xe9 at offset 3)"),
     ],
 )
 def test_usage_errors(argv, message, capsys, tmp_path, monkeypatch):
@@ -272,3 +275,29 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141
     assert [line for line in stderr.splitlines() if line.startswith(("attnkit", "Traceback", "Exception"))] == []
+
+
+def test_export_never_replaces_a_directory_that_is_not_a_model(encoder, tmp_path, monkeypatch, capsys):
+    # `export "" --force` replaced the working directory, the user's files with it.
+    precious = tmp_path / "mine"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    monkeypatch.chdir(precious)
+    for target in (".", str(precious)):
+        assert cli.main(["export", target, "--force"]) == 2
+        assert "holds files but no config.json" in capsys.readouterr().err
+    for target in ("", precious):  # the library refuses the same
+        with pytest.raises((ValueError, FileExistsError), match="must not be empty|holds files but no config.json"):
+            encoder.save_pretrained(target, overwrite=True)
+    assert (precious / "notes.txt").read_text() == "keep me" and os.listdir(precious) == ["notes.txt"]
+
+
+def test_a_closed_stdout_or_stdin_is_an_error_that_names_it(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdout", None)  # started with >&-: the embeddings would go nowhere
+    assert cli.main(["embed", "hello"]) == 1
+    assert capsys.readouterr().err == "attnkit: error: stdout is closed: the command has nowhere to write\n"
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "stdin", None)  # started with <&-
+    assert cli.main(["embed", "--input", "-"]) == 2
+    assert "stdin is closed" in capsys.readouterr().err
+    assert sys.stdin is None  # put back as it was

@@ -121,7 +121,7 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
         (["demo", "--examples", "0"], "attnkit: error: argument --examples: must be a positive integer, not '0'"),
         (["demo", "--examples", "-1"], "attnkit: error: argument --examples: must be a positive integer, not '-1'"),
         (["train", "--output-dir", ""], "attnkit: error: --output-dir must not be empty"),
-        (["train", "--seed", "-1", "--output-dir", "x"], "attnkit: error: argument --seed: must be a non-negative integer, not '-1'"),
+        (["train", "--seed", "-1", "--output-dir", "x"], "attnkit: error: argument --seed: must be an integer in [0, 2**32 - 1], not '-1'"),
     ],
 )
 def test_options_are_checked_before_training(argv, message, tmp_path, monkeypatch, capsys):

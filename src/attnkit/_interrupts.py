@@ -31,7 +31,8 @@ _deferred = False  # inside `ctrl_c_between_batches`: the first Ctrl-C is only n
 
 @contextlib.contextmanager
 def watching_ctrl_c():
-    """While the block runs, a SIGINT is noted and raises KeyboardInterrupt.
+    """While the block runs, a SIGINT is noted and raises KeyboardInterrupt; so is a SIGTERM (`kill`),
+    whose default action would end the process at once and leave a save's staging files behind.
 
     Only the main thread receives signals; a handler someone else installed (not Python's default)
     is left alone, and then nothing is noted (a `main` inside a `main` shares the outer one's note).
@@ -53,10 +54,15 @@ def watching_ctrl_c():
         return
     _pressed = False
     signal.signal(signal.SIGINT, noting)
+    terminate = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if terminate:
+        signal.signal(signal.SIGTERM, noting)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if terminate:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _pressed = False
 
 

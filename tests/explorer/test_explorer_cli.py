@@ -82,7 +82,7 @@ def test_an_interrupted_export_leaves_the_old_file(tiny_bert_dir, tmp_path, monk
         (["--export", "p.html", "--text", "  "], "--text is empty: nothing to explore"),
         (["--export", "p.txt", "--text", "x"], "--export must end in .html. Received: p.txt"),
         (["--export", "p.html", "--text", "x", "--port", "8000"], "--port and --open are for the served page"),
-        (["--export", "/no/such/dir/p.html", "--text", "x"], "/no/such/dir is not a directory"),
+        (["--export", "/no/such/dir/p.html", "--text", "x"], "--export /no/such/dir/p.html: no directory /no/such/dir"),
         (["--port", "70000"], "must be a port number from 0 to 65535"),
         (["--port", "-1"], "must be a non-negative integer"),
         (["--model", "/no/such/dir"], "model directory /no/such/dir does not exist"),

@@ -46,6 +46,29 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(monke
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the lost interrupt
+def test_a_sigterm_unwinds_as_an_interrupt_so_that_saves_clean_up(monkeypatch, capsys, tmp_path):
+    """`kill` (SIGTERM) ended the process at once and left a save's staging files behind; while a
+    command runs it now raises KeyboardInterrupt, as Ctrl-C does, and the `finally` blocks run."""
+    cleaned = []
+
+    def run(args):
+        staging = tmp_path / ".staging"
+        staging.mkdir()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            raise AssertionError("SIGTERM raised nothing")
+        finally:
+            staging.rmdir()
+            cleaned.append(True)
+
+    _command(monkeypatch, run)
+    assert cli.main(["train"]) == 130
+    assert capsys.readouterr().err == "attnkit: interrupted\n"
+    assert cleaned and not (tmp_path / ".staging").exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # put back as it was
+
+
 def test_a_ctrl_c_swallowed_by_a_gc_callback_still_stops_the_save(tmp_path, monkeypatch, capsys):
     """A KeyboardInterrupt raised in a garbage-collector callback is printed and lost by Python; the
     save after it must not replace the user's file, and the command ends as interrupted."""

@@ -316,3 +316,12 @@ def test_a_shard_index_without_its_weight_map_is_refused_by_name(tmp_path_factor
         json.dump({"metadata": {}}, f)
     with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json: `weight_map` must be an object"):
         load_causal_lm(path)
+
+
+def test_a_tiny_temperature_samples_the_most_likely_token():
+    # logits / 1e-320 overflowed to inf and gave NaN probabilities (an empty generation, numpy warnings).
+    logits = np.array([[1.0, 3.0, 2.0], [5.0, -1.0, 4.0]])
+    rng = np.random.default_rng(0)
+    with np.errstate(all="raise"):
+        for options in (dict(), dict(top_k=2), dict(top_p=0.5)):
+            np.testing.assert_array_equal(choose(logits, 1e-320, rng=rng, **options), [1, 0])

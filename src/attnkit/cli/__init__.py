@@ -15,6 +15,7 @@ embed, similarity and heads use the embedded all-MiniLM-L6-v2 model, or `--model
 Errors are one line on stderr and a non-zero exit status, never a traceback.
 """
 
+import contextlib
 import os
 import re
 import sys
@@ -42,7 +43,7 @@ def main(argv=None):
     Every exception ends as one line on stderr: 2 for a usage error, 1 for anything else, 130 for
     Ctrl-C, 141 (as a process killed by SIGPIPE) when the reader of stdout went away (`| head`).
     """
-    with watching_ctrl_c():
+    with watching_ctrl_c(), _closed_streams_refused():
         try:
             args = build_parser().parse_args(argv)
             status = args.run(args)
@@ -53,6 +54,37 @@ def main(argv=None):
                 return _interrupted()
             return _report(raised)
         return _interrupted() if pressed() else status  # a Ctrl-C whose KeyboardInterrupt was lost
+
+
+class _Closed:
+    """Stands for a standard stream the process was started without (`>&-`, `<&-`: Python's None):
+    reading or writing it is an error that names it, where None gave an AttributeError or lost the
+    output with exit status 0."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def isatty(self):
+        return False
+
+    def _refuse(self, *args, **kwargs):
+        raise OSError(f"{self.name} is closed: the command has nowhere to {'read' if self.name == 'stdin' else 'write'}")
+
+    read = readline = readlines = write = writelines = flush = fileno = __iter__ = _refuse
+
+
+@contextlib.contextmanager
+def _closed_streams_refused():
+    saved = sys.stdin, sys.stdout
+    sys.stdin = _Closed("stdin") if sys.stdin is None else sys.stdin
+    sys.stdout = _Closed("stdout") if sys.stdout is None else sys.stdout
+    try:
+        yield
+    finally:
+        if isinstance(sys.stdin, _Closed):
+            sys.stdin = saved[0]
+        if isinstance(sys.stdout, _Closed):
+            sys.stdout = saved[1]
 
 
 def _interrupted():

@@ -11,11 +11,11 @@ before any server starts.
 """
 
 import argparse
-import os
 import sys
 import threading
 
-from attnkit.cli.errors import CommandError, non_negative_int, positive_int
+from attnkit.cli._output import check_output_file
+from attnkit.cli.errors import CommandError, non_negative_int, positive_int, utf8_text
 
 
 def add_commands(commands):
@@ -36,7 +36,7 @@ def add_commands(commands):
         "--max-new-tokens", type=positive_int, default=None, metavar="N",
         help="a language model's most generated tokens per text, 1 to 64 (default 16)",
     )
-    explore.add_argument("--text", help="the text to explore (served: shown when the page opens; needed by --export)")
+    explore.add_argument("--text", type=utf8_text, help="the text to explore (served: shown when the page opens; needed by --export)")
     explore.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default: a free one, printed)")
     explore.add_argument("--open", action="store_true", help="open the page in the default web browser")
     explore.add_argument("--export", metavar="HTML", help="write one self-contained page to HTML instead of serving")
@@ -78,11 +78,10 @@ def _check_export(args):
         raise CommandError('--export needs the text: --text "..."')
     if not args.text.strip():
         raise CommandError("--text is empty: nothing to explore")
-    if os.path.exists(args.export) and not args.force:
-        raise CommandError(f"{args.export} already exists; pass --force to overwrite it")
-    directory = os.path.dirname(os.path.abspath(args.export))
-    if not os.path.isdir(directory):
-        raise CommandError(f"--export {args.export} cannot be written: {directory} is not a directory")
+    try:  # the checks `embed --output` makes, before the model loads: a symlink or a directory is refused
+        check_output_file(args.export, args.force)
+    except CommandError as e:
+        raise CommandError(str(e).replace("--output", "--export")) from None
 
 
 def _export(args, source):

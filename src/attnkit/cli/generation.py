@@ -8,7 +8,7 @@ token to stdout.
 import argparse
 import sys
 
-from attnkit.cli.errors import positive_int
+from attnkit.cli.errors import positive_int, seed, utf8_text
 
 
 def _non_negative_float(text):
@@ -80,14 +80,14 @@ def _add_options(parser):
     parser.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
     parser.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
     parser.add_argument("--top-p", type=_probability, default=None, help="sample within probability mass p")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the sampling (reproducible output)")
+    parser.add_argument("--seed", type=seed, default=None, help="seed of the sampling (reproducible output)")
     parser.add_argument("--model", metavar="PATH", help="a GGUF file or a llama / mistral / qwen2 directory (default SmolLM2)")
 
 
 def add_commands(commands):
     """Adds generate and chat to the `attnkit` subcommands."""
     generate = commands.add_parser("generate", help="continue a prompt with the language model, streamed")
-    generate.add_argument("prompt", help="the prompt")
+    generate.add_argument("prompt", type=utf8_text, help="the prompt")
     generate.add_argument("--chat-template", action="store_true", help="send the prompt as a chat message")
     _add_options(generate)
     generate.set_defaults(run=_generate)

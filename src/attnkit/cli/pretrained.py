@@ -9,7 +9,7 @@ import warnings
 
 from attnkit.cli._input import field, note_no_texts, read_texts
 from attnkit.cli._output import check_output_file, write_output_file
-from attnkit.cli.errors import CommandError, positive_int
+from attnkit.cli.errors import CommandError, positive_int, utf8_text
 
 PROGRESS_FROM = 256  # `embed` shows a progress bar from this many texts (when writing to a file)
 
@@ -128,8 +128,12 @@ def _heads(args):
 
 
 def _export(args):
+    if not args.output:
+        raise CommandError("DIR must not be empty")
     if os.path.lexists(args.output) and not args.force:
         raise CommandError(f"{args.output} already exists; pass --force to replace it")
+    if os.path.isdir(args.output) and os.listdir(args.output) and not os.path.isfile(os.path.join(args.output, "config.json")):
+        raise CommandError(f"{args.output} holds files but no config.json: export replaces only an empty or a model directory")
     encoder = _load(args)
     encoder.save_pretrained(args.output, overwrite=args.force)  # written aside, then renamed into place
     print(f"wrote the {encoder.family.name} model and its sentence-transformers modules to {args.output}",
@@ -145,7 +149,7 @@ def _add_model_option(parser):
 def add_commands(commands):
     """Adds embed, similarity and heads to the `attnkit` subcommands."""
     embed = commands.add_parser("embed", help="sentence embeddings of texts, to .npy or JSON lines")
-    embed.add_argument("texts", nargs="*", help="texts to embed (default: one per line from stdin)")
+    embed.add_argument("texts", nargs="*", type=utf8_text, help="texts to embed (default: one per line from stdin)")
     embed.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
     embed.add_argument("--output", metavar="PATH", help="X.npy (N, d_model) or X.jsonl; default JSON lines on stdout")
     embed.add_argument("--force", action="store_true", help="overwrite an existing output file")
@@ -158,13 +162,13 @@ def add_commands(commands):
     embed.set_defaults(run=_embed)
 
     similarity = commands.add_parser("similarity", help="cosine similarities of texts, as a table")
-    similarity.add_argument("texts", nargs="*", help="texts to compare (default: one per line from stdin)")
+    similarity.add_argument("texts", nargs="*", type=utf8_text, help="texts to compare (default: one per line from stdin)")
     similarity.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
     _add_model_option(similarity)
     similarity.set_defaults(run=_similarity)
 
     heads = commands.add_parser("heads", help="a PNG of each head's attention in one layer for a sentence")
-    heads.add_argument("sentence", help="the sentence to look at")
+    heads.add_argument("sentence", type=utf8_text, help="the sentence to look at")
     heads.add_argument("--layer", type=int, default=0, help="layer index, 0 = first, -1 = last (default 0)")
     heads.add_argument("--output", metavar="PNG", default="heads.png", help="the image to write (default heads.png)")
     heads.add_argument("--force", action="store_true", help="overwrite an existing output file")

@@ -13,7 +13,7 @@ import sys
 import time
 
 from attnkit.cli._input import field, note_no_texts, read_texts
-from attnkit.cli.errors import CommandError, non_negative_int, positive_int
+from attnkit.cli.errors import CommandError, non_negative_int, positive_int, seed, utf8_text
 
 PLOT_FILE = "cross_attention.png"
 
@@ -31,7 +31,7 @@ def add_commands(commands):
     train.set_defaults(run=_train, parser=train)
 
     translate = commands.add_parser("translate", help="translate texts with a model saved by train or demo")
-    translate.add_argument("texts", nargs="*", help="texts to translate (default: one per line from stdin)")
+    translate.add_argument("texts", nargs="*", type=utf8_text, help="texts to translate (default: one per line from stdin)")
     translate.add_argument("--model", metavar="DIR", required=True, help="directory written by train or demo")
     translate.add_argument("--input", metavar="FILE", help="read texts one per line from FILE, or stdin with -")
     translate.add_argument("--beam", type=positive_int, default=1, help="beam size; 1 = greedy (default)")
@@ -52,7 +52,7 @@ def _training_options(parser, default_dir):
     parser.add_argument("--layers", type=positive_int, default=d.n, help=f"encoder and decoder layers (default {d.n})")
     parser.add_argument("--d-ff", type=positive_int, default=d.d_ff, help=f"default {d.d_ff}")
     parser.add_argument("--dropout", type=float, default=d.rate, help=f"dropout rate in [0, 1) (default {d.rate})")
-    parser.add_argument("--seed", type=non_negative_int, default=d.seed, help=f"data and initialisation seed (default {d.seed})")
+    parser.add_argument("--seed", type=seed, default=d.seed, help=f"data and initialisation seed (default {d.seed})")
     parser.add_argument(
         "--output-dir", metavar="DIR", default=default_dir, required=default_dir is None,
         help="where the model (and the demo's picture) go" + (f" (default {default_dir})" if default_dir else ""),

@@ -48,7 +48,10 @@ def choose(logits, temperature=0.0, top_k=None, top_p=None, rng=None):
         raise ValueError("The model returned non-finite logits (NaN or inf); refusing to pick a token from them.")
     if temperature == 0:
         return np.argmax(logits, axis=-1)
-    logits = logits / temperature
+    # The largest logit subtracted first: logits / 1e-320 overflow to inf (inf - inf = NaN), their
+    # differences only to -inf, whose probability is 0. A tiny temperature is then greedy sampling.
+    with np.errstate(over="ignore"):
+        logits = (logits - logits.max(axis=-1, keepdims=True)) / temperature  # (B, V), <= 0
     if top_k is not None and top_k < logits.shape[-1]:
         kth = np.sort(logits, axis=-1)[:, -top_k][:, None]  # (B, 1)
         logits = np.where(logits < kth, -np.inf, logits)
