@@ -257,6 +257,10 @@ def test_export_never_destroys_a_directory(checkpoints, tmp_path, monkeypatch):
     (target / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match=r"already exists; pass overwrite=True"):
         encoder.save_pretrained(target)
+    with pytest.raises(FileExistsError, match=r"holds files but no config.json: it is not a model directory"):
+        encoder.save_pretrained(target, overwrite=True)  # not a model directory: not replaced, even so
+    assert os.listdir(target) == ["keep.txt"]
+    (target / "config.json").write_text("{}")  # an old model directory: overwrite replaces it whole
 
     def interrupted(*args):
         raise KeyboardInterrupt
@@ -265,6 +269,7 @@ def test_export_never_destroys_a_directory(checkpoints, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         encoder.save_pretrained(target, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["model"] and (target / "keep.txt").read_text() == "mine"
+    assert (target / "config.json").read_text() == "{}"
     monkeypatch.undo()
     encoder.save_pretrained(target, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["model"] and not (target / "keep.txt").exists()
