@@ -128,12 +128,16 @@ def _heads(args):
 
 
 def _export(args):
+    from attnkit.models.export import check_destination
+
     if not args.output:
         raise CommandError("DIR must not be empty")
     if os.path.lexists(args.output) and not args.force:
         raise CommandError(f"{args.output} already exists; pass --force to replace it")
-    if os.path.isdir(args.output) and os.listdir(args.output) and not os.path.isfile(os.path.join(args.output, "config.json")):
-        raise CommandError(f"{args.output} holds files but no config.json: export replaces only an empty or a model directory")
+    try:  # before the model loads: the same checks `save_pretrained` makes
+        check_destination(args.output, args.force)
+    except (FileExistsError, ValueError) as e:
+        raise CommandError(str(e)) from None
     encoder = _load(args)
     encoder.save_pretrained(args.output, overwrite=args.force)  # written aside, then renamed into place
     print(f"wrote the {encoder.family.name} model and its sentence-transformers modules to {args.output}",

@@ -33,19 +33,7 @@ def save_pretrained(encoder, directory, *, overwrite=False):
     """Writes `encoder` (a `PretrainedEncoder`) to `directory`; see `PretrainedEncoder.save_pretrained`."""
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"`directory` must be a path. Received: directory of type {type(directory).__name__}")
-    if not os.fspath(directory):  # os.path.abspath("") is the working directory, which --force would replace
-        raise ValueError("`directory` must not be empty. Received: directory=''")
-    directory = os.path.abspath(os.fspath(directory))
-    if os.path.lexists(directory):
-        if not overwrite:
-            raise FileExistsError(f"{directory} already exists; pass overwrite=True to replace it")
-        if not os.path.isdir(directory) or os.path.islink(directory):
-            raise FileExistsError(f"{directory} exists and is not a directory; attnkit replaces only a directory")
-        if os.listdir(directory) and not os.path.isfile(os.path.join(directory, "config.json")):
-            raise FileExistsError(
-                f"{directory} holds files but no config.json: it is not a model directory, and attnkit replaces "
-                "only an empty one or a model directory"
-            )
+    directory = check_destination(directory, overwrite)
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.", suffix=".partial", dir=parent)
@@ -62,6 +50,26 @@ def save_pretrained(encoder, directory, *, overwrite=False):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return directory
+
+
+def check_destination(directory, overwrite):
+    """The absolute path `save_pretrained` may write, or FileExistsError / ValueError saying why not:
+    an empty path (`os.path.abspath("")` is the working directory), an existing one without
+    `overwrite`, and, even with it, anything but an empty directory or a model directory (config.json)."""
+    if not os.fspath(directory):
+        raise ValueError("`directory` must not be empty. Received: directory=''")
+    directory = os.path.abspath(os.fspath(directory))
+    if os.path.lexists(directory):
+        if not overwrite:
+            raise FileExistsError(f"{directory} already exists; pass overwrite=True to replace it")
+        if not os.path.isdir(directory) or os.path.islink(directory):
+            raise FileExistsError(f"{directory} exists and is not a directory; attnkit replaces only a directory")
+        if os.listdir(directory) and not os.path.isfile(os.path.join(directory, "config.json")):
+            raise FileExistsError(
+                f"{directory} holds files but no config.json: it is not a model directory, and attnkit replaces "
+                "only an empty one or a model directory"
+            )
     return directory
 
 
