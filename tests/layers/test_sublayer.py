@@ -97,8 +97,9 @@ def test_encode_called_directly_keeps_mixed_precision(rng, monkeypatch):
     original = layer_type.__call__
     monkeypatch.setattr(layer_type, "__call__", lambda self, *a, **k: layer_calls.append(self) or original(self, *a, **k))
     wide = to_numpy(ops.cast(embeddings, "float32"))
+    padding = ops.convert_to_tensor((ids != 0)[:, None, :])  # `embeddings`' Keras mask: a GPU picks its kernel by it
     for given in (ops.convert_to_tensor(wide), wide):  # float32 tensor, NumPy: converted as `__call__` would
-        again = encoder.encode(given, training=False)
+        again = encoder.encode(given, padding, training=False)
         assert keras.backend.standardize_dtype(again.dtype) == "bfloat16"
         np.testing.assert_array_equal(to_numpy(ops.cast(again, "float32")), to_numpy(ops.cast(direct, "float32")))
     assert not layer_calls

@@ -86,7 +86,7 @@ def _gradients(fn, q, k, v, mask):
     else:
         import torch
 
-        q, k, v = (torch.as_tensor(np.asarray(a)).requires_grad_(True) for a in (q, k, v))
+        q, k, v = (a.detach().clone().requires_grad_(True) for a in (q, k, v))  # on the tensors' device
         fn(q, k, v, mask).float().sum().backward()
         grads = (q.grad, k.grad, v.grad)
     return [np.asarray(to_numpy(ops.cast(g, "float32"))) for g in grads]
