@@ -50,9 +50,11 @@ def read_texts(args):
     Raises:
         CommandError: both arguments and --input, or nothing given while stdin is a terminal.
     """
-    if args.texts and args.input:
+    if args.input == "":
+        raise CommandError("--input must not be empty: give a file, or - for stdin")
+    if args.texts and args.input is not None:
         raise CommandError("give texts as arguments or with --input, not both")
-    if args.input:
+    if args.input is not None:
         return read_lines(args.input)  # one text per "\n"-separated line, blank lines included
     if args.texts:
         return list(args.texts)

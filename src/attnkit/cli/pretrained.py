@@ -39,9 +39,11 @@ def _encode(encoder, texts, **options):
 def _embed(args):
     import numpy as np
 
-    if args.output and not args.output.lower().endswith((".npy", ".jsonl")):
+    if args.output == "":
+        raise CommandError("--output must not be empty")  # an empty path is not stdout
+    if args.output is not None and not args.output.lower().endswith((".npy", ".jsonl")):
         raise CommandError(f"--output must end in .npy or .jsonl. Received: {args.output}")
-    if args.output:
+    if args.output is not None:
         check_output_file(args.output, args.force)
     texts = read_texts(args)
     encoder = _load(args)
@@ -52,7 +54,7 @@ def _embed(args):
         encoder, texts, batch_size=args.batch_size, progress=progress, normalize=args.normalize
     )  # (N, dimension)
     lines = (_json_line({"text": t, "embedding": e.tolist()}) for t, e in zip(texts, embeddings))
-    if not args.output:
+    if args.output is None:
         for line in lines:
             print(line)
         return 0
@@ -100,6 +102,8 @@ def _similarity(args):
 def _heads(args):
     from attnkit.viz import plot_attention
 
+    if args.output == "":
+        raise CommandError("--output must not be empty")
     if not args.output.lower().endswith(".png"):
         raise CommandError(f"--output must end in .png. Received: {args.output}")
     check_output_file(args.output, args.force)
