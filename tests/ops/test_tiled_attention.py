@@ -143,6 +143,26 @@ def test_nothing_is_refused_on_the_fused_path_whatever_the_budget():
     np.testing.assert_allclose(to_numpy(fused_attention(q, k, v, causal=True)), expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_non_finite_inputs_over_the_budget_give_the_explicit_numbers(causal):
+    """A query row of -inf (every score -inf: softmax 0 / 0), an infinite key and a NaN value, on the
+    fused path with scores over the budget: the numbers of the explicit path, NaN where it has NaN,
+    zeros on the rows with nothing to attend to. On torch such inputs leave the kernels (`_finite`)."""
+    q, k, v = qkv(7, 9, B=2)
+    q[0, 0, 2] = [-np.inf, 0, 0, 0]  # scores -inf wherever the keys' first element is positive
+    k[0, 0, :, 0] = np.abs(k[0, 0, :, 0]) + 0.1
+    k[1, 1, 3, 1] = np.inf
+    v[1, 0, 0, 2] = np.nan  # a key every query sees, causal or not
+    mask = np.ones((2, 7, 9), bool)
+    mask[0, 4] = False  # nothing to attend to
+    mask[0, 2, 6:] = False  # the -inf row has masked keys too
+    expected = to_numpy(scaled_dot_product_attention(q, k, v, mask[:, None], causal=causal)[0])
+    assert np.isnan(expected).any() and np.isnan(expected[0, 0, 2]).all() and not expected[0, :, 4].any()
+    set_max_scores_bytes(1)  # below a single score of every head
+    got = to_numpy(fused_attention(q, k, v, mask[:, None], causal=causal))
+    np.testing.assert_allclose(got, expected, atol=1e-5)  # NaN where `expected` has NaN, and only there
+
+
 def resident_peak_rise(function):
     """Rise of the process's peak resident memory (Linux VmHWM) while `function` runs, in bytes."""
 

@@ -250,18 +250,22 @@ class _Tiles:
             lowest = zeros + constant(self.lowest, self.dtype)
 
             def step(j, carry):
-                o, l, m = carry  # (*lead, bq, d_v), (*lead, bq), (*lead, bq)
+                o, l, m, seen = carry  # (*lead, bq, d_v), (*lead, bq), (*lead, bq), (*lead, bq)
                 s, keep = self.scores(q, k_b[j], keep_tiles, i, j)  # (*lead, bq, bk)
                 m_new = ops.maximum(m, ops.max(s, axis=-1))
                 p = self.weights(s, m_new, keep)  # masked entries 0: rows with no key so far stay at l = 0
                 rescale = ops.exp(m - m_new)
-                return o * rescale[..., None] + ops.matmul(p, v_b[j]), l * rescale + ops.sum(p, axis=-1), m_new
+                seen = ops.logical_or(seen, True if keep is None else ops.any(keep, axis=-1))
+                return o * rescale[..., None] + ops.matmul(p, v_b[j]), l * rescale + ops.sum(p, axis=-1), m_new, seen
 
             o0 = zeros[..., None] + ops.zeros((self.d_v,), self.dtype)
-            o, l, m = ops.fori_loop(*self.key_range(i), step, (o0, zeros, lowest))
+            o, l, m, seen = ops.fori_loop(*self.key_range(i), step, (o0, zeros, lowest, zeros > 0))
             attended = l > 0
-            l = ops.where(attended, l, ops.ones((), self.dtype))
-            return o / l[..., None], ops.where(attended, m + ops.log(l), zeros)
+            # l = 0 with a key kept: every kept score was -inf, whose softmax is NaN (0 / 0) as on the
+            # explicit path; with no key kept, the row has nothing to attend to and stays zero.
+            undefined = ops.logical_and(seen, ops.logical_not(attended))
+            l = ops.where(attended, l, ops.where(undefined, constant(float("nan"), self.dtype), ops.ones((), self.dtype)))
+            return o / l[..., None], ops.where(attended, m + ops.log(l), ops.where(undefined, l, zeros))
 
         return ops.map(query_block, {"q": q_s, "i": ops.arange(self.n, dtype="int32")})
 

@@ -212,7 +212,12 @@ def _masked_softmax(scores, keep, for_output_only):
     softmax_dtype = scores_dtype(dtype)
     scores = ops.cast(scores, softmax_dtype)
     if keep is not None:
-        scores = ops.where(keep, scores, constant(np.finfo(softmax_dtype).min, softmax_dtype))
+        # Masked scores are -inf, so a row whose kept scores are all -inf is NaN (0 / 0), as it is
+        # unmasked; a row with no key kept gets the lowest finite score instead, a finite (uniform)
+        # softmax that the mask then zeroes. `_fused._torch_bmm` and `_tiled` give the same numbers.
+        has_key = ops.any(keep, axis=-1, keepdims=True)  # (..., T_q|1, 1)
+        fill = ops.where(has_key, constant(-np.inf, softmax_dtype), constant(np.finfo(softmax_dtype).min, softmax_dtype))
+        scores = ops.where(keep, scores, fill)
     if scores.shape[-1] == 1:
         # One key: weight 1, without Keras's warning about such softmaxes; exp(s - s) keeps a NaN or an
         # infinite score NaN, as the softmax would, where a literal 1 would hide it.
@@ -283,12 +288,11 @@ def fused_attention(
     dropout = rate("dropout", dropout)
     if dropout > 0 and training:
         return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)[0]
+    if not _fused.has_kernel(queries, values):
+        output = _in_tiles(queries, keys, values, mask, causal, scale)
+        if output is not None:
+            return output
     scores_shape = (*queries.shape[:-1], keys.shape[-2])
-    if not _fused.has_kernel(queries, values) and not isinstance(queries, keras.KerasTensor):
-        tile = tile_for(scores_shape, keras.backend.standardize_dtype(queries.dtype))
-        if tile is not None:
-            keep = None if mask is None else broadcast_mask(mask, scores_shape)
-            return _tiled.tiled_attention(queries, keys, values, keep, causal, scale, tile)
     lengths = (ops.shape(queries)[-2], ops.shape(keys)[-2])
     q_len, k_len = queries.shape[-2], keys.shape[-2]
     if causal and mask is None and q_len is not None and q_len == k_len:
@@ -297,9 +301,23 @@ def fused_attention(
     else:
         keep, fused_causal = keep_mask(mask, causal, scores_shape, lengths), False
     output = _fused.attention(queries, keys, values, keep, fused_causal, scale)
+    if output is None:  # no kernel took the inputs (on torch: NaN or Inf in them): tiles if they are long
+        output = _in_tiles(queries, keys, values, mask, causal, scale)
     if output is None:
         return _explicit(queries, keys, values, mask, causal, scale, 0.0, False, None, output_only=True)[0]
     return output
+
+
+def _in_tiles(queries, keys, values, mask, causal, scale):
+    """The tiled output where the explicit path would materialize scores above `tile_for`'s size, else None."""
+    if isinstance(queries, keras.KerasTensor):
+        return None
+    scores_shape = (*queries.shape[:-1], keys.shape[-2])
+    tile = tile_for(scores_shape, keras.backend.standardize_dtype(queries.dtype))
+    if tile is None:
+        return None
+    keep = None if mask is None else broadcast_mask(mask, scores_shape)
+    return _tiled.tiled_attention(queries, keys, values, keep, causal, scale, tile)
 
 
 def _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed, output_only=False):
