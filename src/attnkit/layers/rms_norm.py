@@ -12,12 +12,13 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_float
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.ops import _fused
 from attnkit.ops._numerics import constant, scores_dtype
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class RMSNorm(keras.layers.Layer):
+class RMSNorm(CheckedCall, keras.layers.Layer):
     """Root-mean-square normalization over the last axis, with a learned scale gamma (ones at start).
 
     Args:
@@ -32,10 +33,13 @@ class RMSNorm(keras.layers.Layer):
 
     Raises:
         ValueError: a non-positive epsilon; an input of another width than the built one.
+        TypeError: an input that is not floating-point (integers would be normalized in integers).
 
     Example:
     >>> RMSNorm(epsilon=1e-5)(keras.random.normal((2, 5, 576))).shape  # (2, 5, 576)
     """
+
+    _call_checks = dict(floats=("x",))
 
     def __init__(self, *, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)

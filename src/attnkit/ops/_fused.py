@@ -792,9 +792,10 @@ def layer_norm(x, gamma, beta, epsilon):
     import torch.nn.functional as F
 
     gamma, beta = _tensor(gamma), _tensor(beta)
-    if not all(p is None or (isinstance(p, torch.Tensor) and p.dtype == torch.float32) for p in (gamma, beta)):
+    wide = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype  # of gamma and beta
+    if not all(p is None or (isinstance(p, torch.Tensor) and p.dtype == wide) for p in (gamma, beta)):
         return None
-    if x.dtype == torch.float32:
+    if x.dtype in (torch.float32, torch.float64):  # Keras's layer computes float64 in float32 on torch
         return F.layer_norm(x, x.shape[-1:], gamma, beta, epsilon)
     if x.dtype in (torch.bfloat16, torch.float16):
         return in_float32_row_chunks(x, lambda rows: F.layer_norm(rows, x.shape[-1:], gamma, beta, epsilon), gamma, beta)
@@ -892,7 +893,7 @@ def _xla_layer_norm():
 
 
 def rms_norm(x, gamma, epsilon):
-    """RMS normalization of `x` over its last axis on torch float32 tensors, or None (then the layer's
+    """RMS normalization of `x` over its last axis on torch float tensors, or None (then the layer's
     `keras.ops` path runs).
 
     One `torch.nn.functional.rms_norm` call instead of six dispatched operations (61 norms in a
@@ -910,7 +911,7 @@ def rms_norm(x, gamma, epsilon):
     gamma = _tensor(gamma)
     if not isinstance(gamma, torch.Tensor) or gamma.dtype != x.dtype:
         return None
-    if x.dtype == torch.float32:
+    if x.dtype in (torch.float32, torch.float64):  # keras.ops.mean computes float64 in float32 on torch
         return F.rms_norm(x, x.shape[-1:], gamma, epsilon)
     if x.dtype in (torch.bfloat16, torch.float16):
         return gamma * in_float32_row_chunks(x, lambda rows: F.rms_norm(rows, x.shape[-1:], None, epsilon))  # (..., d)
