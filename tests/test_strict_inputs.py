@@ -148,6 +148,23 @@ def test_layers_refuse_non_floating_inputs_and_non_bool_flags():
         attnkit.DotProductAttention()(Q, Q, Q, causal="yes")
 
 
+def test_layers_take_numpy_bools_and_integers_as_their_python_values():
+    """Keras turns NumPy scalars into tensors before `call`, which then refused the bools and sizes
+    the functions take (`causal=np.True_`, the seeds' `d_k`)."""
+    x = Q.astype("float32")
+    mha, attention = attnkit.MultiHeadAttention(2, 4, 4, 8), attnkit.DotProductAttention()
+    np.testing.assert_array_equal(to_numpy(mha(x, causal=np.True_)), to_numpy(mha(x, causal=True)))
+    np.testing.assert_array_equal(
+        to_numpy(attention(x, x, x, np.int64(4), causal=np.True_, return_attention_weights=np.False_)),
+        to_numpy(attention(x, x, x, 4, causal=True)),
+    )
+    np.testing.assert_array_equal(to_numpy(attention(x, x, x, d_k=np.int32(4))[0]), to_numpy(attention(x, x, x, 4)[0]))
+    with pytest.raises(TypeError, match=r"`d_k` must be a positive integer. Received: d_k=np.float64\(4.0\)"):
+        attention(x, x, x, np.float64(4))
+    with pytest.raises(ValueError, match=r"`d_k` must be a positive integer. Received: d_k=np.int64\(0\)"):
+        attention(x, x, x, np.int64(0))
+
+
 # --- class 3: one mask rule ---------------------------------------------------------------------------------
 
 

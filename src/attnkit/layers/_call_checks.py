@@ -10,7 +10,9 @@ what only a tensor shows (shapes, values).
 import functools
 import inspect
 
-from attnkit._validation import boolean, floating
+import numpy as np
+
+from attnkit._validation import boolean, floating, positive_int
 from attnkit.layers._token_ids import check_token_ids_dtype
 from attnkit.ops.masks import check_mask_dtype
 
@@ -18,8 +20,9 @@ from attnkit.ops.masks import check_mask_dtype
 class CheckedCall:
     """A mixin, before `keras.layers.Layer` in the bases: checks the call arguments named in
     `_call_checks`, a dict with any of the keys "floats" (floating tensors), "ids" (token ids,
-    integers or floats), "masks" (boolean or integer keep-masks) and "flags" (bools), each a tuple of
-    `call`'s argument names.
+    integers or floats), "masks" (boolean or integer keep-masks), "flags" (bools) and "ints" (sizes
+    given to `call`, such as the seeds' `d_k`), each a tuple of `call`'s argument names. Flags and
+    NumPy integer scalars reach `call` as Python bools and ints.
 
     It is also the one place where a layer accepts the seeds' positional arguments (docs/decisions.md
     item 46): with `_positional_training`, a `training` passed as the last positional argument is
@@ -42,12 +45,14 @@ class CheckedCall:
         arguments = _bound(type(self), args, kwargs)
         if arguments is not None:
             check_arguments(arguments, **self._call_checks)
+            args, kwargs = _as_python(type(self), args, kwargs, arguments, self._call_checks)
         return super().__call__(*args, **kwargs)
 
 
-def check_arguments(arguments, floats=(), ids=(), masks=(), flags=()):
+def check_arguments(arguments, floats=(), ids=(), masks=(), flags=(), ints=()):
     """Checks the named entries of `arguments` (name -> value); None values pass."""
-    for check, names in ((floating, floats), (check_token_ids_dtype, ids), (_mask, masks), (boolean, flags)):
+    checks = ((floating, floats), (check_token_ids_dtype, ids), (_mask, masks), (boolean, flags), (positive_int, ints))
+    for check, names in checks:
         for name in names:
             value = arguments.get(name)
             if isinstance(value, (tuple, list)) and value and hasattr(value[0], "shape"):
@@ -55,6 +60,19 @@ def check_arguments(arguments, floats=(), ids=(), masks=(), flags=()):
                     check(name, part)
             elif value is not None:
                 check(name, value)
+
+
+def _as_python(cls, args, kwargs, arguments, checks):
+    """`args` and `kwargs` with the flags as Python bools and NumPy integer scalars among "ints" (the
+    seeds' `d_k`) as Python ints: Keras would turn NumPy scalars into tensors, which `call` cannot read
+    as a flag or a size."""
+    plain = {name: boolean(name, arguments[name]) for name in checks.get("flags", ()) if arguments.get(name) is not None}
+    plain.update({name: int(arguments[name]) for name in checks.get("ints", ()) if isinstance(arguments.get(name), np.integer)})
+    if not plain:
+        return args, kwargs
+    names = list(_signature(cls).parameters)[1:]  # without `self`
+    args = [plain.get(names[i], value) if i < len(names) else value for i, value in enumerate(args)]
+    return args, {name: plain.get(name, value) for name, value in kwargs.items()}
 
 
 def _mask(name, value):

@@ -45,7 +45,7 @@ class DotProductAttention(CheckedCall, keras.layers.Layer):
     """
 
     _call_checks = dict(
-        floats=("queries", "keys", "values"), masks=("mask",), flags=("causal", "return_attention_weights")
+        floats=("queries", "keys", "values"), masks=("mask",), flags=("causal", "return_attention_weights"), ints=("d_k",)
     )
     _non_tensor_positionals = True  # the seeds call `attention(queries, keys, values, d_k)`, d_k an int
 
