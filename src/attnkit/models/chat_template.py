@@ -16,7 +16,7 @@ def render_chat(template, messages, *, add_generation_prompt=True, special_token
 
     Args:
         template: the Jinja source.
-        messages: a non-empty list of {"role": str, "content": str or list} dicts (further keys
+        messages: a non-empty list of {"role": str, "content": ...} dicts (further keys
             such as "tool_calls" are passed on; a None value is dropped, as transformers drops it).
         add_generation_prompt: end with the assistant's turn header. Default True.
         special_tokens: {"bos_token": ..., "eos_token": ..., ...} made available to the template.
@@ -53,8 +53,8 @@ def render_chat(template, messages, *, add_generation_prompt=True, special_token
 
 def _checked_messages(messages):
     """A copy of `messages` without None values (as `apply_chat_template` passes them), refused by
-    index and field when a message is not a dict, its role not a str or its content neither a str
-    nor a list of content parts."""
+    index and field when a message is not a dict or its role not a str. Content is the template's to
+    read, as in transformers: a str, a list of content parts, or any value it renders (a number)."""
     if not isinstance(messages, (list, tuple)):
         raise ValueError(f"`messages` must be a list of {{'role': ..., 'content': ...}} dicts. Received: messages of type {type(messages).__name__}")
     if not messages:
@@ -66,11 +66,6 @@ def _checked_messages(messages):
             raise ValueError(f"`messages[{i}]` must be a {{'role': ..., 'content': ...}} dict. Received: {message!r}")
         if not isinstance(message.get("role"), str):
             raise ValueError(f"`messages[{i}]['role']` must be a str. Received: role={message.get('role')!r}")
-        content = message.get("content")
-        if content is not None and not isinstance(content, (str, list, tuple)):
-            raise ValueError(
-                f"`messages[{i}]['content']` must be a str or a list of content parts. Received: content of type {type(content).__name__}"
-            )
         # An assistant turn with tool calls has content None (OpenAI's format): transformers drops
         # such keys, because templates test whether a key is defined rather than whether it is None.
         checked.append({key: value for key, value in message.items() if value is not None})
