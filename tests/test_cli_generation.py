@@ -74,3 +74,62 @@ def test_heads_draws_the_language_models_causal_attention(model_dir, tmp_path, c
     assert f"wrote 4 heads of layer 0 over {len(tokens)} tokens to {output}" in capsys.readouterr().err
     assert main(["heads", "hello", "--lm", "--model", model_dir, "--layer", "1", "--output", str(tmp_path / "b.png")]) == 2
     assert "--layer must be in [-1, 0]" in capsys.readouterr().err
+
+
+def _copy_without(model_dir, tmp_path, *files, template=True):
+    """A copy of the tiny model without `files`, and without its chat template unless `template`."""
+    import shutil
+
+    path = tmp_path / "model"
+    shutil.copytree(model_dir, path)
+    for name in files:
+        (path / name).unlink()
+    if not template:
+        json.dump({"eos_token": "<s>"}, open(path / "tokenizer_config.json", "w"))
+    return str(path)
+
+
+def _one_line_error(capsys):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("attnkit: error: ") and "Traceback" not in err
+    return err
+
+
+def test_chat_template_option_without_a_template_says_to_drop_it(model_dir, tmp_path, capsys):
+    path = _copy_without(model_dir, tmp_path, template=False)
+    assert main(["generate", "hello", "--model", path, "--chat-template"]) == 1
+    err = _one_line_error(capsys)
+    assert f"The model directory {path} has no chat template (none in chat_template.jinja or tokenizer_config.json's chat_template)" in err
+    assert "drop --chat-template" in err and "instead of `chat`" not in err
+
+
+def test_chat_without_a_template_fails_before_reading_input(model_dir, tmp_path, capsys, monkeypatch):
+    path = _copy_without(model_dir, tmp_path, template=False)
+    stdin = io.StringIO("hi there\n")
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["chat", "--model", path]) == 1
+    assert stdin.tell() == 0  # nothing read: an interactive user typed nothing in vain
+    assert "has no chat template" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("command", [["generate", "hello"], ["chat"], ["heads", "hello", "--lm"]])
+def test_a_model_without_a_tokenizer_names_the_file_looked_for(model_dir, tmp_path, capsys, monkeypatch, command):
+    path = _copy_without(model_dir, tmp_path, "tokenizer.json")
+    stdin = io.StringIO("hi there\n")
+    monkeypatch.setattr("sys.stdin", stdin)
+    options = ["--output", str(tmp_path / "heads.png")] if command[0] == "heads" else []
+    assert main([*command, "--model", path, *options]) == 1
+    err = _one_line_error(capsys)
+    assert f"The model directory {path} has no tokenizer: attnkit reads tokenizer.json, which is not there" in err
+    assert "token ids" not in err and stdin.tell() == 0
+
+
+def test_a_rope_refusal_names_the_config_json_field(model_dir, tmp_path, capsys):
+    path = _copy_without(model_dir, tmp_path)
+    config = json.load(open(f"{path}/config.json"))
+    config.pop("rope_scaling", None)
+    config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    json.dump(config, open(f"{path}/config.json", "w"))
+    assert main(["generate", "hello", "--model", path]) == 1
+    err = _one_line_error(capsys)
+    assert f"{path}/config.json: RoPE scaling 'yarn' is not implemented" in err and "Received: rope_parameters={" in err

@@ -1,6 +1,8 @@
 """CausalLM against transformers on random-initialised llama, mistral and qwen2 directories saved at
 test time; cached decoding against uncached; generation options."""
 
+import re
+
 import numpy as np
 import pytest
 from backend_utils import BACKEND, to_numpy
@@ -325,3 +327,75 @@ def test_a_tiny_temperature_samples_the_most_likely_token():
     with np.errstate(all="raise"):
         for options in (dict(), dict(top_k=2), dict(top_p=0.5)):
             np.testing.assert_array_equal(choose(logits, 1e-320, rng=rng, **options), [1, 0])
+
+
+def _edit(path, file="config.json", **fields):
+    """Rewrites fields of a saved checkpoint's JSON file (a value of ... removes the field)."""
+    import json
+    import os
+
+    with open(os.path.join(path, file)) as f:
+        config = json.load(f)
+    for key, value in fields.items():
+        if value is ...:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    with open(os.path.join(path, file), "w") as f:
+        json.dump(config, f)
+
+
+@pytest.mark.parametrize("file, fields, match", [
+    # float(None) was a TypeError naming no field; bool("false") is True (then a tied lm_head refused);
+    # "yes" asked for bias tensors the checkpoint does not hold
+    ("config.json", dict(rms_norm_eps=None), r"`rms_norm_eps` must be a number\. Received: rms_norm_eps=None"),
+    ("config.json", dict(rms_norm_eps=True), r"`rms_norm_eps` must be a number\. Received: rms_norm_eps=True"),
+    ("config.json", dict(tie_word_embeddings="false"),
+     r"`tie_word_embeddings` must be a boolean \(true or false\)\. Received: tie_word_embeddings='false'"),
+    ("config.json", dict(attention_bias="yes"), r"`attention_bias` must be a boolean \(true or false\)\. Received: attention_bias='yes'"),
+    ("config.json", dict(mlp_bias=None), r"`mlp_bias` must be a boolean \(true or false\)\. Received: mlp_bias=None"),
+    ("config.json", dict(hidden_act=None), r"`hidden_act` must be a string\. Received: hidden_act=None"),
+    ("config.json", dict(rope_parameters={"rope_type": "default", "rope_theta": None}),
+     r"`rope_parameters\.rope_theta` must be a number\. Received: rope_parameters\.rope_theta=None"),
+    ("config.json", dict(rope_parameters=..., rope_theta="10000"), r"`rope_theta` must be a number\. Received: rope_theta='10000'"),
+    ("config.json", dict(rope_parameters="default"), r"`rope_parameters` must be an object or null\. Received: rope_parameters='default'"),
+    ("config.json", dict(sliding_window="4"), r"`sliding_window` must be an integer >= 0 or null\. Received: sliding_window='4'"),
+    ("config.json", dict(layer_types="full_attention"), r"`layer_types` must be a list of strings or null"),
+    ("config.json", dict(layer_types=["full_attention"]), r"`layer_types` must list 'full_attention' or 'sliding_attention' for each of the num_hidden_layers=2"),
+    ("config.json", dict(pad_token_id="0"), r"`pad_token_id` must be an integer >= 0 or null\. Received: pad_token_id='0'"),
+    ("config.json", dict(eos_token_id=True), r"`eos_token_id` must be a token id \(an integer >= 0\) or a list of them or null"),
+    ("generation_config.json", dict(eos_token_id=["2"]), r"`eos_token_id` must be a token id .* Received: eos_token_id=\['2'\]"),
+])
+def test_a_config_value_of_the_wrong_json_type_is_refused_by_name(tmp_path_factory, file, fields, match):
+    _, path = _save(tmp_path_factory, "llama")
+    _edit(path, file, **fields)
+    with pytest.raises(ValueError, match=re.escape(file) + ": " + match):
+        load_causal_lm(path)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(hidden_act="swish"),  # transformers' ACT2FN: nn.SiLU
+    dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": None}),  # null: all of it rotates
+    dict(rope_parameters=..., rope_theta=500, sliding_window=None, pad_token_id=None),  # transformers 4's layout, an integer theta
+])
+def test_values_transformers_reads_load_as_it_reads_them(tmp_path_factory, fields):
+    _, path = _save(tmp_path_factory, "llama")
+    _edit(path, **fields)
+    ids = np.random.default_rng(0).integers(0, 96, (1, 7))
+    ours = load_causal_lm(path).logits(ids)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(ours, expected, atol=1e-5)
+
+
+def test_a_rope_refusal_names_config_json_and_the_field_it_has(tmp_path_factory):
+    # transformers 5 writes rope_parameters: the error named rope_scaling, and no file
+    _, path = _save(tmp_path_factory, "llama")
+    _edit(path, rope_scaling=..., rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(ValueError, match=r"config\.json: RoPE scaling 'linear' is not implemented .* Received: rope_parameters=\{") as raised:
+        load_causal_lm(path)
+    assert "rope_scaling" not in str(raised.value)
+    _edit(path, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    with pytest.raises(ValueError, match=r"config\.json: `rope_parameters\.partial_rotary_factor` other than 1 is not implemented"):
+        load_causal_lm(path)

@@ -6,6 +6,7 @@ token to stdout.
 """
 
 import argparse
+import os
 import sys
 
 from attnkit.cli.errors import positive_int, seed, utf8_text
@@ -28,10 +29,28 @@ def _probability(text):
     return value
 
 
-def _load(args):
+def _load(args, chat=None):
+    """The language model of --model, refused before any input is read when it lacks the tokenizer,
+    or the chat template that `chat` names (the command that needs it)."""
     from attnkit.models.causal_checkpoint import load_causal_lm
 
-    return load_causal_lm(args.model)
+    lm = load_causal_lm(args.model)
+    require_tokenizer(lm)
+    if chat and not lm.chat_template:
+        raise ValueError(f"{_template_sources(lm.path)}; {chat}")
+    return lm
+
+
+def require_tokenizer(lm):
+    """Refuses a language model without a tokenizer: the command line has only text to give it."""
+    if lm.tokenizer is None:
+        raise ValueError(f"The model directory {lm.path} has no tokenizer: attnkit reads tokenizer.json, which is not there")
+
+
+def _template_sources(path):
+    if os.path.isfile(path):
+        return f"The model file {path} has no chat template (no tokenizer.chat_template in its GGUF metadata)"
+    return f"The model directory {path} has no chat template (none in chat_template.jinja or tokenizer_config.json's chat_template)"
 
 
 def _options(args):
@@ -51,14 +70,14 @@ def _write(pieces):
 
 
 def _generate(args):
-    lm = _load(args)
+    lm = _load(args, chat="drop --chat-template to continue the text as it is" if args.chat_template else None)
     stream = lm.stream_chat(args.prompt, **_options(args)) if args.chat_template else lm.stream(args.prompt, **_options(args))
     _write(stream)
     return 0
 
 
 def _chat(args):
-    lm = _load(args)
+    lm = _load(args, chat="`attnkit chat` needs one: use `attnkit generate TEXT` to continue a text instead")
     interactive = sys.stdin.isatty()
     messages = []
     while True:

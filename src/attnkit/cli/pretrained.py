@@ -10,6 +10,7 @@ import warnings
 from attnkit.cli._input import field, note_no_texts, read_texts
 from attnkit.cli._output import check_output_file, write_output_file
 from attnkit.cli.errors import CommandError, positive_int, utf8_text
+from attnkit.cli.generation import require_tokenizer
 
 PROGRESS_FROM = 256  # `embed` shows a progress bar from this many texts (when writing to a file)
 
@@ -113,6 +114,8 @@ def _heads(args):
         encoder = load_causal_lm(args.model)
     else:
         encoder = _load(args)  # a GGUF or llama / mistral / qwen2 --model is a language model too
+    if hasattr(encoder, "stream_chat"):
+        require_tokenizer(encoder)
     if not -encoder.n <= args.layer < encoder.n:
         raise CommandError(
             f"--layer must be in [{-encoder.n}, {encoder.n - 1}] (0 = first, -1 = last) for this {encoder.n}-layer "

@@ -96,7 +96,7 @@ def load_causal_lm(path=None, *, dtype="float32"):
         config = read_hf_config(path)
         weights = read_hf_weights(path)
         tokenizer, template, special, stop_ids = read_hf_tokenizer(path, config)
-        pad_id = config.get("pad_token_id")
+        pad_id = _field(os.path.join(path, "config.json"), config, "pad_token_id", "an integer >= 0", None, nullable=True)
     model = build_causal_lm(config, dtype, source=path if os.path.isfile(path) else os.path.join(path, "config.json"))
     assign_weights(model, config, weights, path)
     model.trainable = False
@@ -116,44 +116,99 @@ def _size(source, config, key, default=None):
     return int(value)
 
 
+# JSON types of config fields: bool("false") is True and float(None) a TypeError naming no field,
+# so a value is checked against its type before it is converted.
+_JSON_TYPES = {
+    "a boolean (true or false)": lambda v: isinstance(v, bool),
+    "a number": lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+    "an integer >= 0": lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0,
+    "a string": lambda v: isinstance(v, str),
+    "an object": lambda v: isinstance(v, dict),
+    "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "a token id (an integer >= 0) or a list of them": lambda v: all(
+        isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0 for x in (v if isinstance(v, list) else [v])
+    ),
+}
+
+
+def _field(source, config, key, expected, default, *, nullable=False, parent=None):
+    """config[key] if it is of the JSON type `expected` (a key of _JSON_TYPES), `default` when the
+    key is absent, or null where transformers' config allows null (`nullable`); anything else is
+    refused naming `source` and the field (`parent.key` inside an object field)."""
+    if key not in config or (nullable and config[key] is None):
+        return default
+    value = config[key]
+    if not _JSON_TYPES[expected](value):
+        name = f"{parent}.{key}" if parent else key
+        null = " or null" if nullable else ""
+        raise ValueError(f"{source}: `{name}` must be {expected}{null}. Received: {name}={value!r}")
+    return value
+
+
+# transformers' ACT2FN maps "swish" to torch's SiLU, the same function as "silu".
+SILU_NAMES = ("silu", "swish")
+
+
 def model_arguments(config, source="config.json"):
     """`CausalLM` keyword arguments from a Hugging Face-style config dict, refusing what is not
-    implemented; `source` names where the config came from in errors."""
+    implemented and values of the wrong JSON type; `source` names where the config came from in errors."""
     model_type = config.get("model_type")
     if model_type not in HF_MODEL_TYPES:
-        raise ValueError(f"model_type {model_type!r} is not a decoder attnkit loads (supported: {HF_MODEL_TYPES})")
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"hidden_act {act!r} is not implemented in attnkit's SwiGLU (only 'silu')")
-    rope = config.get("rope_parameters") or {}
-    check_rope_scaling(config.get("rope_scaling"))
-    check_rope_scaling(rope or None)
-    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError("partial_rotary_factor other than 1 is not implemented in attnkit")
+        raise ValueError(f"{source}: model_type {model_type!r} is not a decoder attnkit loads (supported: {HF_MODEL_TYPES})")
+    act = _field(source, config, "hidden_act", "a string", "silu")
+    if act not in SILU_NAMES:
+        raise ValueError(f"{source}: hidden_act {act!r} is not implemented in attnkit's SwiGLU (only {SILU_NAMES})")
+    theta = _rope_theta(config, source)
     n = _size(source, config, "num_hidden_layers")
-    window = config.get("sliding_window")
-    layer_types = config.get("layer_types")
-    if layer_types is not None:
-        windows = [window if t == "sliding_attention" else None for t in layer_types]
-    elif model_type == "mistral":
-        windows = [window] * n
-    elif model_type == "qwen2" and config.get("use_sliding_window"):
-        windows = [window if i >= config.get("max_window_layers", n) else None for i in range(n)]
-    else:
-        windows = [None] * n
     h = _size(source, config, "num_attention_heads")
     d_model = _size(source, config, "hidden_size")
-    biased = config.get("attention_bias", False) if model_type == "llama" else model_type == "qwen2"
+    biased = _field(source, config, "attention_bias", "a boolean (true or false)", False) if model_type == "llama" else model_type == "qwen2"
+    mlp_bias = _field(source, config, "mlp_bias", "a boolean (true or false)", False)
     return dict(
         vocab_size=_size(source, config, "vocab_size"), n=n, d_model=d_model, h=h,
         d_ff=_size(source, config, "intermediate_size"), num_kv_heads=_size(source, config, "num_key_value_heads", h),
         d_k=_size(source, config, "head_dim", d_model // h), rope_theta=float(theta),
-        epsilon=float(config.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(biased), output_bias=bool(biased and model_type == "llama"),
-        mlp_bias=bool(config.get("mlp_bias", False)) and model_type == "llama",  # mistral's and qwen2's MLPs have none
-        sliding_windows=windows,
+        epsilon=float(_field(source, config, "rms_norm_eps", "a number", 1e-6)),
+        tie_embeddings=_field(source, config, "tie_word_embeddings", "a boolean (true or false)", False),
+        attention_bias=biased, output_bias=biased and model_type == "llama",
+        mlp_bias=mlp_bias and model_type == "llama",  # mistral's and qwen2's MLPs have none
+        sliding_windows=_sliding_windows(config, source, model_type, n),
     )
+
+
+def _rope_theta(config, source):
+    """RoPE's base from `rope_parameters` (transformers 5) or the top level (transformers 4), after
+    refusing a scaling or partial rotation attnkit does not implement, named as the file names it."""
+    check_rope_scaling(_field(source, config, "rope_scaling", "an object", None, nullable=True), name="rope_scaling", source=source)
+    rope = _field(source, config, "rope_parameters", "an object", None, nullable=True) or {}
+    check_rope_scaling(rope or None, name="rope_parameters", source=source)
+    parent = "rope_parameters" if "partial_rotary_factor" in rope else None
+    partial = _field(source, rope if parent else config, "partial_rotary_factor", "a number", 1.0, nullable=True, parent=parent)
+    if partial != 1.0:
+        name = f"{parent}.partial_rotary_factor" if parent else "partial_rotary_factor"
+        raise ValueError(f"{source}: `{name}` other than 1 is not implemented in attnkit. Received: {name}={partial!r}")
+    if "rope_theta" in rope:
+        return _field(source, rope, "rope_theta", "a number", None, parent="rope_parameters")
+    return _field(source, config, "rope_theta", "a number", 10000.0)
+
+
+def _sliding_windows(config, source, model_type, n):
+    """Each layer's sliding window (None: full attention), as transformers' three models choose them."""
+    window = _field(source, config, "sliding_window", "an integer >= 0", None, nullable=True)
+    layer_types = _field(source, config, "layer_types", "a list of strings", None, nullable=True)
+    if layer_types is not None:
+        if len(layer_types) != n or not set(layer_types) <= {"full_attention", "sliding_attention"}:
+            raise ValueError(
+                f"{source}: `layer_types` must list 'full_attention' or 'sliding_attention' for each of the "
+                f"num_hidden_layers={n} layers. Received: layer_types={layer_types!r}"
+            )
+        return [window if t == "sliding_attention" else None for t in layer_types]
+    if model_type == "mistral":
+        return [window] * n
+    if model_type == "qwen2" and _field(source, config, "use_sliding_window", "a boolean (true or false)", False):
+        first = _field(source, config, "max_window_layers", "an integer >= 0", n)
+        return [window if i >= first else None for i in range(n)]
+    return [None] * n
 
 
 def build_causal_lm(config, dtype="float32", source="config.json"):
@@ -272,10 +327,13 @@ def read_hf_tokenizer(path, config):
     for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
         value = settings.get(key)
         special[key] = value.get("content") if isinstance(value, dict) else value
-    eos = config.get("eos_token_id")
+    ids = "a token id (an integer >= 0) or a list of them"
+    eos = _field(os.path.join(path, "config.json"), config, "eos_token_id", ids, None, nullable=True)
     generation = os.path.join(path, "generation_config.json")
     if os.path.isfile(generation):
         with open(generation, encoding="utf-8") as f:
-            eos = json.load(f).get("eos_token_id", eos)
-    stop_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+            generation_settings = json.load(f)
+        if "eos_token_id" in generation_settings:  # null here overrides config.json: no stop token
+            eos = _field(generation, generation_settings, "eos_token_id", ids, None, nullable=True)
+    stop_ids = [] if eos is None else ([int(eos)] if not isinstance(eos, list) else [int(i) for i in eos])
     return tokenizer, template, special, stop_ids

@@ -20,21 +20,25 @@ from attnkit.ops import _fused
 IMPLEMENTED_ROPE_TYPES = ("default",)
 
 
-def check_rope_scaling(rope_scaling):
+def check_rope_scaling(rope_scaling, *, name="rope_scaling", source=None):
     """Returns None when `rope_scaling` (a config's dict, or None) asks for plain RoPE; refuses the rest.
+
+    `name` is the field as the config spells it (transformers 5 writes `rope_parameters`, 4
+    `rope_scaling`) and `source` the file it was read from, if any, so errors point at what to edit.
 
     Raises:
         ValueError: a scaling variant other than "default" (linear, dynamic, yarn, llama3, longrope ...).
     """
+    where = f"{source}: " if source else ""
     if rope_scaling is None:
         return None
     if not isinstance(rope_scaling, dict):
-        raise ValueError(f"`rope_scaling` must be a dict or None. Received: rope_scaling={rope_scaling!r}")
+        raise ValueError(f"{where}`{name}` must be a dict or None. Received: {name}={rope_scaling!r}")
     kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
     if kind not in IMPLEMENTED_ROPE_TYPES:
         raise ValueError(
-            f"RoPE scaling {kind!r} is not implemented in attnkit (only {IMPLEMENTED_ROPE_TYPES}). "
-            f"Received: rope_scaling={rope_scaling!r}"
+            f"{where}RoPE scaling {kind!r} is not implemented in attnkit (only {IMPLEMENTED_ROPE_TYPES}). "
+            f"Received: {name}={rope_scaling!r}"
         )
     return None
 
