@@ -248,6 +248,26 @@ def test_wrong_process_options_are_one_line_before_anything_starts(arguments, me
     assert not out.exists()
 
 
+def test_an_earlier_runs_checkpoints_and_model_are_kept_without_force(tmp_path, capsys):
+    """A new run would delete an earlier run's checkpoints as it saves its own, and a resumed one
+    replace a finished model: both are refused, before anything starts, unless --resume or --force."""
+    from attnkit.cli import main
+
+    out = tmp_path / "run"
+    (out / "checkpoints" / "epoch-0002").mkdir(parents=True)
+    assert main(["train", "--processes", "1", "--output-dir", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (f"attnkit: error: {out / 'checkpoints'} holds an earlier run's checkpoint (epoch 2); "
+                    "pass --resume to continue that run, or --force to start a new one and replace it")
+    (out / "model.keras").write_bytes(b"a finished run")
+    assert main(["train", "--resume", "--output-dir", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (f"attnkit: error: {out / 'model.keras'} already exists (a finished run); "
+                    "pass --force to replace it when the resumed run ends")
+    assert sorted(p.name for p in out.rglob("*")) == ["checkpoints", "epoch-0002", "model.keras"]
+    assert (out / "model.keras").read_bytes() == b"a finished run"
+
+
 def test_workers_get_the_launchers_own_options():
     from attnkit.cli import build_parser
 

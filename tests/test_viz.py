@@ -100,3 +100,20 @@ def test_the_backend_is_agg_only_when_the_user_chose_none(choice, expected):
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.stdout.strip() == expected, result.stderr[-2000:]
+
+
+def test_labels_are_drawn_as_written_never_as_math(tmp_path):
+    """Tokens such as "$$" or "$x$" were handed to matplotlib's mathtext: "$$" failed to draw with an
+    empty first line of error, "$x$" was typeset as an italic x."""
+    import matplotlib.pyplot as plt
+
+    tokens = ["Pay", "$$", "$x$", "\\frac"]
+    options = dict(head_names=["$h$"], title="costs $5 or $6")
+    viz.plot_attention(weights(1, 4, 4), tokens, path=tmp_path / "w.png", **options)  # drawn: "$$" fails to draw as math
+    assert (tmp_path / "w.png").stat().st_size > 0
+    fig = viz.plot_attention(weights(1, 4, 4), tokens, **options)
+    ax = fig.axes[0]
+    labels = ax.get_xticklabels() + ax.get_yticklabels() + [ax.title, fig._suptitle]
+    assert [t.get_text() for t in ax.get_xticklabels()] == tokens
+    assert all(not t.get_parse_math() for t in labels)
+    plt.close(fig)

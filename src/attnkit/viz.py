@@ -137,12 +137,13 @@ def plot_attention(weights, x_tokens=None, y_tokens=None, *, title=None, head_na
                 ax.axis("off")
                 continue
             image = ax.imshow(heads[i], cmap="viridis", vmin=0.0, vmax=max(1e-9, float(heads[i].max())), aspect="auto")
-            ax.set_title(head_names[i], fontsize=9)
-            ax.set_xticks(range(0, t_k, step), x_tokens[::step], rotation=90, fontsize=points)
-            ax.set_yticks(range(0, t_q, step), y_tokens[::step], fontsize=points)
+            # parse_math=False: every label is drawn as written; "$x$" would be typeset and "$$" refused
+            ax.set_title(head_names[i], fontsize=9, parse_math=False)
+            ax.set_xticks(range(0, t_k, step), x_tokens[::step], rotation=90, fontsize=points, parse_math=False)
+            ax.set_yticks(range(0, t_q, step), y_tokens[::step], fontsize=points, parse_math=False)
             fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
         if title:
-            fig.suptitle(title)
+            fig.suptitle(title, parse_math=False)
         fig.tight_layout()
         if path is not None:
             fig.savefig(path, dpi=DPI)

@@ -119,6 +119,29 @@ def _check_output_dir(directory, force, names):
         raise CommandError(f"--output-dir {directory} cannot be written: {e.strerror or e}") from None
 
 
+def _check_finished_model(directory, force):
+    """Refuses to resume into a directory holding a finished run's model without --force."""
+    from attnkit.translation import META_FILE, MODEL_FILE
+
+    for name in (MODEL_FILE, META_FILE):
+        path = os.path.join(directory, name)
+        if os.path.lexists(path) and not force:
+            raise CommandError(f"{path} already exists (a finished run); pass --force to replace it when the resumed run ends")
+
+
+def _check_no_checkpoints(directory, force):
+    """Refuses to start a new run over an earlier run's checkpoints (it would delete them as it saves
+    its own) without --resume or --force."""
+    from attnkit.distributed.training import CHECKPOINTS, latest_checkpoint
+
+    epoch = latest_checkpoint(os.path.join(directory, CHECKPOINTS))
+    if epoch and not force:
+        raise CommandError(
+            f"{os.path.join(directory, CHECKPOINTS)} holds an earlier run's checkpoint (epoch {epoch}); "
+            "pass --resume to continue that run, or --force to start a new one and replace it"
+        )
+
+
 def _with_output_dir(args, names, run):
     """`run(args)` after `_check_output_dir`; directories the check created are removed again (when
     still empty) if the run fails or is interrupted."""
@@ -149,12 +172,16 @@ def _train(args):
     if args.processes or args.coordinator or args.process_id is not None or args.resume:
         from attnkit.distributed import command
 
-        if args.process_id or args.resume:
+        if args.process_id:  # a worker other than 0: it writes nothing
+            return command.run(args, _config(args), args.parser)
+        if args.resume:  # the checkpoints are the input; a finished run's model is replaced only with --force
+            _check_finished_model(args.output_dir, args.force)
             return command.run(args, _config(args), args.parser)
         # the launcher, or process 0 of a multi-machine run: directories the check made go again on failure
         from attnkit._atomic_save import remove_created
 
         created = _check_output_dir(args.output_dir, args.force, ())
+        _check_no_checkpoints(args.output_dir, args.force)
         status = 1
         try:
             status = command.run(args, _config(args), args.parser)
