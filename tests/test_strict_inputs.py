@@ -82,6 +82,11 @@ def test_tensorflow_checks_in_tf_function_and_refuses_xla():
     with pytest.raises(ValueError, match="cannot be checked inside an XLA-compiled tensorflow function"):
         tf.function(lambda ids: encoder(ids), jit_compile=True)(tf.constant([[1, 2, 3, 0, 0]]))
     assert not encoder.pos_encoding.supports_jit  # Keras's jit_compile="auto" then stays off XLA
+    # A length known only when the graph runs: checked then, not the backend's Slice error
+    dynamic = tf.function(lambda ids: encoder(ids), input_signature=[tf.TensorSpec((None, None), tf.int32)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"`input_sentence` must be at most sequence_length=5 tokens long"):
+        dynamic(tf.constant([[1, 2, 3, 4, 5, 6]]))
+    assert dynamic(tf.constant([[1, 2, 3]])).shape == (1, 3, 8)
 
 
 # --- class 2: dtypes ---------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def check_values(values, vocab_size, name, is_float):
         )
 
 
-def _checked_in_graph(ids, vocab_size, name, is_float):
+def _checked_in_graph(ids, vocab_size, name, is_float, sequence_length=None):
     """`ids`, checked by `check_values` when the traced function runs (jax, tensorflow).
 
     jax: a `jax.debug.callback` runs `check_values` on the host; its ValueError arrives wrapped in jax's
@@ -109,6 +109,10 @@ def _checked_in_graph(ids, vocab_size, name, is_float):
         tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message, tf.boolean_mask(ids, bad)], summarize=3)
         for bad, message in checks
     ]
+    if sequence_length is not None and ids.shape[1] is None:  # a length known only when the graph runs
+        length = tf.shape(ids)[1]
+        message = f"`{name}` must be at most sequence_length={sequence_length} tokens long. Received: {name} of length"
+        asserts.append(tf.debugging.Assert(length <= sequence_length, [message, length]))
     with tf.control_dependencies(asserts):
         return tf.identity(ids)
 
@@ -148,5 +152,5 @@ def check_token_ids(ids, vocab_size, sequence_length, name):
     if values is not None:
         check_values(values, vocab_size, name, is_float)
     elif not isinstance(ids, keras.KerasTensor):
-        ids = _checked_in_graph(ids, vocab_size, name, is_float)
+        ids = _checked_in_graph(ids, vocab_size, name, is_float, sequence_length)
     return ops.cast(ids, "int32") if is_float else ids
