@@ -31,9 +31,9 @@ def one_line_error(capsys):
 
 def flagged(output):
     """What `translate` prints for a model output: the date, or the not-a-date marker."""
-    from attnkit.tasks.dates import is_iso_date
+    from attnkit.tasks.dates import is_task_date
 
-    return output if is_iso_date(output) else f"<not a date: {output}>"
+    return output if is_task_date(output) else f"<not a date: {output}>"
 
 
 def is_date(output):

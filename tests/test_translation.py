@@ -87,7 +87,7 @@ def test_the_command_prints_dates_scores_and_flags_line_for_line(trained, tmp_pa
     import math
 
     from attnkit import cli
-    from attnkit.tasks.dates import is_iso_date
+    from attnkit.tasks.dates import is_task_date
 
     translator, validation = trained[0], trained[1]
     translator.save(tmp_path / "model")
@@ -96,10 +96,10 @@ def test_the_command_prints_dates_scores_and_flags_line_for_line(trained, tmp_pa
     status = cli.main(["translate", "--model", str(tmp_path / "model"), "--scores", *texts])
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert [row[0] for row in rows] == texts
-    assert [row[1] for row in rows] == [o if is_iso_date(o) else f"<not a date: {o}>" for o in outputs]
+    assert [row[1] for row in rows] == [o if is_task_date(o) else f"<not a date: {o}>" for o in outputs]
     np.testing.assert_allclose([float(row[2]) for row in rows], np.exp(scores), rtol=1e-3)
-    assert sum(is_iso_date(row[1]) for row in rows) >= 10
-    assert status == (0 if all(map(is_iso_date, outputs)) else 1)
+    assert sum(is_task_date(row[1]) for row in rows) >= 10
+    assert status == (0 if all(map(is_task_date, outputs)) else 1)
     assert all(0 < float(row[2]) <= 1 for row in rows) and not math.isnan(float(rows[0][2]))
     assert cli.main(["translate", "--model", str(tmp_path / "model"), texts[0], "", texts[1]]) == 1
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]

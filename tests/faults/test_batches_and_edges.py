@@ -16,7 +16,7 @@ import pytest
 from fault_helpers import one_line_error
 
 from attnkit import beam_search, cli, greedy_decode, load_pretrained
-from attnkit.tasks.dates import CharTokenizer, is_iso_date
+from attnkit.tasks.dates import CharTokenizer, is_iso_date, is_task_date
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
 from pretrained_fixtures import write_tiny_model  # noqa: E402
@@ -134,7 +134,7 @@ def test_translate_prints_one_line_per_input_in_order(saved_dir, tiny_translator
     decoded = tiny_translator.translate([texts[i] for i in (0, 6)])
     expected = {1: "<empty>", 2: "<no such date: month 13 does not exist>", 3: "<empty>",
                 4: "<too long: 40 characters, the model takes at most 32>", 5: "<unknown characters: ✓>"}
-    expected.update({i: o if is_iso_date(o) else f"<not a date: {o}>" for i, o in zip((0, 6), decoded)})
+    expected.update({i: o if is_task_date(o) else f"<not a date: {o}>" for i, o in zip((0, 6), decoded)})
     assert [row[1] for row in rows] == [expected[i] for i in range(len(texts))]
     flagged = [i for i in range(len(texts)) if expected[i].startswith("<")]
     assert status == 1 and flagged  # a two-step model gives no dates
@@ -234,3 +234,30 @@ def test_thousands_of_lines_give_as_many_lines_in_order(saved_dir, tmp_path, cap
 )
 def test_is_iso_date(text, valid):
     assert is_iso_date(text) is valid
+
+
+@pytest.mark.parametrize("text, valid", [("1950-01-01", True), ("2049-12-31", True), ("1949-12-31", False),
+                                         ("2050-01-01", False), ("1021-03-03", False), ("2021-02-29", False)])
+def test_a_task_date_is_a_day_the_translator_can_give(text, valid):
+    """A model answering "1021-03-03" answered a calendar day outside the task's years: wrong, and marked."""
+    assert is_task_date(text) is valid
+
+
+def test_a_byte_order_mark_is_not_read_as_text(saved_dir, tmp_path, capsys):
+    source = tmp_path / "bom.txt"
+    source.write_bytes("\ufeff3/3/21\n\ufeffmarch 5 1999\n".encode("utf-8"))
+    cli.main(["translate", "--model", str(saved_dir), "--input", str(source)])
+    rows = parse(capsys.readouterr().out)
+    assert [row[0] for row in rows] == ["3/3/21", "\ufeffmarch 5 1999"]  # only the file's leading mark goes
+    assert rows[1][1] == "<unknown characters: \ufeff>"
+
+
+def test_control_characters_are_written_escaped(saved_dir, capsys):
+    """ESC and NUL went to the terminal as they were: an input could move the cursor or recolour it."""
+    texts = ["\x1b[2J3/3/21", "3/3\x00/21", "3/3/21\x7f\x9b"]
+    cli.main(["translate", "--model", str(saved_dir), *texts])
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x00\x7f\x9b")
+    rows = parse(out)
+    assert [row[0] for row in rows] == ["\\x1b[2J3/3/21", "3/3\\x00/21", "3/3/21\\x7f\\x9b"]
+    assert rows[0][1] == "<unknown characters: \\x1b[>"

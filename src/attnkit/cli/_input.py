@@ -5,6 +5,7 @@ in order, with exactly one result, and N texts give N results for every N, 0 inc
 """
 
 import sys
+import unicodedata
 
 from attnkit.cli.errors import CommandError
 
@@ -33,7 +34,7 @@ def read_lines(source):
         else:
             with open(source, "rb") as f:
                 data = f.read()
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        text = data.decode("utf-8-sig") if isinstance(data, bytes) else data  # a leading byte-order mark is not text
     except OSError as e:
         raise CommandError(f"cannot read --input {name}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
@@ -76,12 +77,13 @@ _LINE_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines also bre
 
 def field(text):
     r"""`text` as one tab-separated field on one line: backslash, tab, CR and LF written as \\, \t, \r,
-    \n, and the other characters line splitters break on as \xNN or \uNNNN; other text unchanged."""
+    \n, the other characters line splitters break on and every other control character (NUL, ESC: a
+    terminal would act on them) as \xNN or \uNNNN; other text unchanged."""
     out = []
     for c in text:
         if c in _ESCAPES:
             out.append(_ESCAPES[c])
-        elif c in _LINE_BREAKS:
+        elif c in _LINE_BREAKS or unicodedata.category(c) == "Cc":
             out.append(f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}")
         else:
             out.append(c)

@@ -244,7 +244,7 @@ def _translate(args):
     """One line per input, in order: the input (`field`-escaped), a tab, the ISO date or a <marker>, and
     with --scores a tab and the model's probability of its output ("-" where nothing was decoded). Exit
     status 1, with one summary line on stderr, when any line holds a marker (docs/decisions.md item 26)."""
-    from attnkit.tasks.dates import is_iso_date
+    from attnkit.tasks.dates import is_task_date
     from attnkit.translation import DateTranslator
 
     texts = read_texts(args)
@@ -259,7 +259,7 @@ def _translate(args):
     translated, scores = translator.translate([texts[i] for i in todo], beam_size=args.beam, return_scores=True)
     outputs, probabilities = dict(markers), ["-"] * len(texts)
     for i, output, score in zip(todo, translated, scores):
-        if not is_iso_date(output):
+        if not is_task_date(output):
             markers[i] = f"<not a date: {field(output)}>"
         outputs[i] = markers.get(i, output)
         probabilities[i] = f"{math.exp(score):.4g}"

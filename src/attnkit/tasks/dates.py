@@ -142,6 +142,12 @@ def is_iso_date(text):
     return True
 
 
+def is_task_date(text):
+    """Whether `text` is an ISO date (`is_iso_date`) within FIRST_DAY..LAST_DAY: the only answers a
+    translator of this task can give right (a model's "1021-03-03" is a calendar day, and wrong)."""
+    return is_iso_date(text) and FIRST_DAY <= datetime.date.fromisoformat(text) <= LAST_DAY
+
+
 _NUMERIC = re.compile(r"^\s*(\d{1,4})([/.-])(\d{1,2})\2(\d{1,4})\s*$")
 _MONTH = re.compile(r"\b(" + "|".join(m[:3] for m in MONTHS) + r")[a-z]*\.?", re.IGNORECASE)
 _DAY_MON_YY = re.compile(r"^\s*(\d{1,2})-(" + "|".join(m[:3] for m in MONTHS) + r")-(\d{2})\s*$", re.IGNORECASE)
