@@ -63,6 +63,14 @@ def test_export_of_a_truncated_text_warns_and_the_page_says_so(tiny_bert_dir, tm
     assert f"attnkit: warning: {notes[0]}" in capsys.readouterr().err
 
 
+def test_export_of_a_text_the_translator_reads_as_blank_is_one_line(translator_dir, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    argv = ["explore", "--model", translator_dir, "--export", str(out), "--text", " " * 40 + "3/3/21"]
+    assert cli.main(argv) == 1
+    assert "characters, all that translator" in one_line_error(capsys)
+    assert not out.exists()
+
+
 def test_an_interrupted_export_leaves_the_old_file(tiny_bert_dir, tmp_path, monkeypatch):
     out = tmp_path / "page.html"
     out.write_text("old")

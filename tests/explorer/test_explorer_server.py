@@ -1,8 +1,11 @@
 """The explorer's server: the page, the JSON endpoint, errors as JSON, the port and the bind address."""
 
+import http.client
 import json
 import socket
+import struct
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -106,6 +109,9 @@ def test_an_oversized_request_and_a_foreign_host_are_refused(serve):
     server = serve()
     status, _, body = request(server.url + "api/attention", data=b"x", headers={"Content-Length": str(2 << 20)})
     assert status == 413 and "at most 1048576" in json.loads(body)["error"]
+    # More digits than int() reads (4300): refused by size, not a failure of the server.
+    status, _, body = request(server.url + "api/attention", data=b"x", headers={"Content-Length": "9" * 5000})
+    assert status == 413 and json.loads(body)["error"].startswith("The request is a 5000-digit number of bytes")
     status, _, body = request(server.url + "api/attention?text=x", headers={"Host": "evil.example:80"})
     assert status == 403 and "Host 'evil.example:80' refused" in json.loads(body)["error"]
 
@@ -126,3 +132,73 @@ def test_a_busy_port_is_an_error(serve, tiny_source):
     server = serve()
     with pytest.raises(OSError):
         ExplorerServer(tiny_source, server.server_address[1])
+
+
+def raw_request(server, data):
+    """(status, content type, body) of the bytes `data` sent as they are (a Host header is not added)."""
+    with socket.create_connection(server.server_address, timeout=10) as sock:
+        sock.sendall(data)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        return response.status, response.headers["Content-Type"], response.read().decode("utf-8")
+
+
+def test_a_lone_surrogate_is_a_json_400_for_every_model(serve, tiny_source, translator_source):
+    # JSON's \ud800 escape decodes to a string UTF-8 cannot encode: no tokenizer takes it, and the
+    # translator's answer, which repeats the text, could not be sent.
+    for source in (tiny_source, translator_source):
+        server = serve(source)
+        status, kind, body = request(server.url + "api/attention", data=b'{"text": "ab\\ud800cd"}')
+        assert (status, kind) == (400, "application/json; charset=utf-8")
+        assert json.loads(body)["error"] == "The text is not valid Unicode: a lone surrogate \\ud800 at offset 2"
+
+
+@pytest.mark.parametrize("query, byte", [("%FF%FE", "0xff"), ("ab%ED%A0%80", "0xed")])
+def test_a_query_that_is_not_utf8_is_refused_as_a_post_is(serve, query, byte):
+    server = serve()
+    status, kind, body = request(server.url + "api/attention?text=" + query)
+    assert (status, kind) == (400, "application/json; charset=utf-8")
+    error = json.loads(body)["error"]
+    assert error.startswith("The query is not UTF-8:") and f"byte {byte}" in error
+
+
+@pytest.mark.parametrize("length", ["-1", "-5", "ten", "1_0"])
+def test_a_content_length_that_is_not_a_count_is_a_400(serve, length):
+    server = serve()
+    port = server.server_address[1]
+    status, kind, body = raw_request(
+        server,
+        f"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {length}\r\n\r\n".encode()
+        + b'{"text": "x"}',  # the client keeps its connection open: reading to its end would wait forever
+    )
+    assert (status, kind) == (400, "application/json; charset=utf-8")
+    assert json.loads(body)["error"] == f"Content-Length must be a non-negative integer. Received: {length!r}"
+
+
+@pytest.mark.parametrize(
+    "line, status, message",
+    [
+        (b"GET /api/attention?text=" + b"a" * 65536 + b" HTTP/1.1", 414, "over 65536 bytes"),
+        (b"GARBAGE", 400, "Bad request syntax ('GARBAGE')"),
+        (b"GET /api/model HTTP/one", 400, "Bad request version ('HTTP/one')"),
+        (b"PUT /api/attention HTTP/1.1", 501, "Unsupported method ('PUT')"),
+    ],
+)
+def test_the_http_servers_own_errors_are_json(serve, line, status, message):
+    server = serve()
+    got, kind, body = raw_request(server, line + f"\r\nHost: 127.0.0.1:{server.server_address[1]}\r\n\r\n".encode())
+    assert (got, kind) == (status, "application/json; charset=utf-8")
+    assert message in json.loads(body)["error"]
+
+
+def test_a_client_that_goes_away_leaves_no_traceback(serve, capsys):
+    server = serve()
+    port = server.server_address[1]
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    # Half a body, then a reset (SO_LINGER 0): the server's read fails with ConnectionResetError.
+    sock.sendall(f"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 100\r\n\r\n{{".encode())
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+    time.sleep(1)  # the handler's thread meets the reset
+    assert request(server.url + "api/model")[0] == 200  # still serving
+    assert capsys.readouterr().err == ""

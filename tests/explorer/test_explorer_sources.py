@@ -110,15 +110,47 @@ def _to_numpy(tensors):
 
 def test_translator_truncates_long_text_with_a_note(translator_source):
     limit = translator_source.max_tokens
-    text = "the 3rd of march 2021, " * 3
+    text = "the 3rd of march 2021, " * 3 + "日本"  # characters it never saw, past what it reads: no note
     data = parsed(translator_source.attention(text))
     assert data["text"] == text
     assert data["attention"][0]["query_tokens"] == list(text[:limit])
-    assert data["notes"] == [
+    assert data["notes"][0] == (
         f"The text is {len(text)} characters long; {translator_source.name} reads at most {limit}, so it was "
         f"truncated to {text[:limit]!r}."
-    ]
+    )
+    assert not any("refuses" in note for note in data["notes"])
     assert data["output"] == translator_source.translator.translate([text[:limit]])[0]
+
+
+def test_translator_refuses_text_whose_read_part_is_blank(translator_source):
+    limit = translator_source.max_tokens
+    with pytest.raises(BadInput) as error:
+        translator_source.attention(" " * (limit + 8) + "3/3/21")
+    assert str(error.value) == (
+        f"The text's first {limit} characters, all that {translator_source.name} reads, are blank: put the date "
+        f"within its first {limit} characters."
+    )
+
+
+@pytest.mark.parametrize(
+    "text, marker",
+    [
+        ("日本", "<unknown characters: 日本>"),
+        ("2021-13-45", "<no such date: month 13 does not exist>"),
+    ],
+)
+def test_translator_notes_what_translate_would_mark(translator_source, text, marker):
+    data = parsed(translator_source.attention(text))
+    refused = [note for note in data["notes"] if note.startswith("attnkit translate refuses")]
+    assert refused == [f"attnkit translate refuses this text: {marker}. The output is the model's guess regardless."]
+
+
+def test_translator_notes_an_output_that_is_not_a_date(translator_source):
+    from attnkit.tasks.dates import is_iso_date
+
+    data = parsed(translator_source.attention("march 3, 2021"))
+    assert not is_iso_date(data["output"])  # the tiny model, trained for seconds, writes no date
+    assert data["notes"] == [f"attnkit translate marks this output <not a date: {data['output']}>."]
 
 
 def test_open_model_refuses_what_it_cannot_read(tmp_path):

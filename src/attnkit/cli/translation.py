@@ -244,7 +244,6 @@ def _translate(args):
     """One line per input, in order: the input (`field`-escaped), a tab, the ISO date or a <marker>, and
     with --scores a tab and the model's probability of its output ("-" where nothing was decoded). Exit
     status 1, with one summary line on stderr, when any line holds a marker (docs/decisions.md item 26)."""
-    from attnkit.tasks.dates import is_task_date
     from attnkit.translation import DateTranslator
 
     texts = read_texts(args)
@@ -254,13 +253,13 @@ def _translate(args):
     if not texts:
         note_no_texts(args)
         return 0
-    markers = {i: marker for i, text in enumerate(texts) if (marker := _refusal(translator, text))}
+    markers = {i: marker for i, text in enumerate(texts) if (marker := refusal(translator, text))}
     todo = [i for i in range(len(texts)) if i not in markers]
     translated, scores = translator.translate([texts[i] for i in todo], beam_size=args.beam, return_scores=True)
     outputs, probabilities = dict(markers), ["-"] * len(texts)
     for i, output, score in zip(todo, translated, scores):
-        if not is_task_date(output):
-            markers[i] = f"<not a date: {field(output)}>"
+        if marker := output_marker(output):
+            markers[i] = marker
         outputs[i] = markers.get(i, output)
         probabilities[i] = f"{math.exp(score):.4g}"
     for i, text in enumerate(texts):
@@ -274,8 +273,8 @@ def _translate(args):
     return 0
 
 
-def _refusal(translator, text):
-    """The marker of an input the model cannot translate, or None."""
+def refusal(translator, text):
+    """The marker of an input the model cannot translate, or None (the explorer notes it too)."""
     from attnkit.tasks.dates import no_such_date
 
     if not text.strip():
@@ -289,3 +288,11 @@ def _refusal(translator, text):
     if problem:  # the model would still answer some date, with confidence
         return f"<no such date: {problem}>"
     return None
+
+
+def output_marker(output):
+    """The marker of a model's output that is not a date of the task's years, or None (the explorer
+    notes it too)."""
+    from attnkit.tasks.dates import is_task_date
+
+    return None if is_task_date(output) else f"<not a date: {field(output)}>"

@@ -5,9 +5,10 @@
     POST /api/attention {"text": t}  the data contract of t (GET /api/attention?text=t too)
 
 Every answer of the API is JSON; an error is {"error": message} with status 400 (bad input:
-empty text, bad JSON), 403 (a Host header other than this server's), 404, 413 (a request over
-1 MiB) or 500 (the model failed; the message says why). It binds 127.0.0.1 only
-(docs/decisions.md item 38).
+empty text, bad JSON, text or a query that is not UTF-8, a bad Content-Length, a malformed request
+line), 403 (a Host header other than this server's), 404, 411, 413 (a request over 1 MiB), 414 (a
+request line over 64 KiB), 501 (a method other than GET and POST) or 500 (the model failed; the
+message says why). It binds 127.0.0.1 only (docs/decisions.md item 38).
 """
 
 import http.server
@@ -18,11 +19,15 @@ from urllib.parse import parse_qs, urlsplit
 
 from attnkit.explorer.contract import to_json
 from attnkit.explorer.page import render_page
-from attnkit.explorer.sources import BadInput
+from attnkit.explorer.sources import BadInput, check_text
 
 HOST = "127.0.0.1"
 ENDPOINT = "/api/attention"
 MAX_BODY = 1 << 20  # bytes
+
+
+# The messages of http.server's refusals that it gives none (its own are HTML-page titles).
+_ERRORS = {414: "The request line is over 65536 bytes: send long text as POST /api/attention {\"text\": ...}"}
 
 
 class ExplorerServer(http.server.ThreadingHTTPServer):
@@ -52,12 +57,27 @@ class ExplorerServer(http.server.ThreadingHTTPServer):
         with self.lock:
             return self.source.attention(text)
 
+    def handle_error(self, request, client_address):
+        """A client gone mid-request (a closed tab, a cancelled fetch) is not the server's error: no
+        traceback for it in the terminal; any other error is printed as socketserver prints it."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError, ...
+            super().handle_error(request, client_address)
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "attnkit-explorer"
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass  # the terminal shows the URL and errors, not every request
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (414, a malformed request line, 501 ...) in the API's JSON, not HTML."""
+        if self.request_version == self.default_request_version:
+            # A request line too malformed to give its version: answered with a status line and headers,
+            # which HTTP/0.9 would leave out and every client today needs.
+            self.request_version = "HTTP/1.0"
+        self.close_connection = True
+        self._json(code, {"error": message or _ERRORS.get(code) or self.responses.get(code, ("Error",))[0]})
 
     def do_GET(self):  # noqa: N802 - http.server's name
         if not self._host_ok():
@@ -69,7 +89,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif parts.path == "/api/model":
             self._json(200, self.server.source.describe())
         elif parts.path == ENDPOINT:
-            texts = parse_qs(parts.query, keep_blank_values=True).get("text")
+            try:  # strict, as a POST body: the default would read bytes that are not UTF-8 as U+FFFD
+                texts = parse_qs(parts.query, keep_blank_values=True, errors="strict").get("text")
+            except UnicodeDecodeError as e:
+                self._json(400, {"error": f"The query is not UTF-8: {e}"})
+                return
             if texts is None:
                 self._json(400, {"error": "Give the text: GET /api/attention?text=... or POST {\"text\": ...}"})
             else:
@@ -83,13 +107,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if urlsplit(self.path).path != ENDPOINT:
             self._json(404, {"error": f"Not found: {urlsplit(self.path).path}"})
             return
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self._json(411, {"error": "The request needs a Content-Length"})
-            return
-        if length > MAX_BODY:
-            self._json(413, {"error": f"The request is {length} bytes; the explorer takes at most {MAX_BODY}"})
+        length = self._content_length()
+        if length is None:
             return
         try:
             body = json.loads(self.rfile.read(length).decode("utf-8"))
@@ -101,8 +120,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         self._attention(body["text"])
 
+    def _content_length(self):
+        """The body's length in bytes, or None once a 411, 400 or 413 is sent: a negative length would
+        make `rfile.read` wait for the client to close its connection."""
+        value = self.headers.get("Content-Length")
+        if value is None:
+            self._json(411, {"error": "The request needs a Content-Length"})
+            return None
+        if not (value.isascii() and value.isdigit()):  # HTTP's 1*DIGIT: int() also takes -1, +1 and 1_0
+            self._json(400, {"error": f"Content-Length must be a non-negative integer. Received: {value!r}"})
+            return None
+        digits = value.lstrip("0") or "0"
+        if len(digits) > len(str(MAX_BODY)) or int(digits) > MAX_BODY:  # int() refuses over 4300 digits
+            size = digits if len(digits) <= 20 else f"a {len(digits)}-digit number of"
+            self._json(413, {"error": f"The request is {size} bytes; the explorer takes at most {MAX_BODY}"})
+            return None
+        return int(digits)
+
     def _attention(self, text):
         try:
+            check_text(text)  # here too, for any source: text UTF-8 cannot encode could not be answered
             data = self.server.attention(text)
         except BadInput as e:
             self._json(400, {"error": str(e)})

@@ -8,7 +8,7 @@ An adapter ("source") is any object with:
     describe() -> dict   {"model", "source", "max_tokens", "generates"} for the page's header
     attention(text) -> dict
                          the data contract (`attnkit.explorer.contract.make_data`) for one text;
-                         raises `BadInput` for text it refuses (empty), shown in the page as a message
+                         raises `BadInput` for text it refuses (empty, not valid Unicode), shown in the page as a message
 
 `open_model(path)` picks the adapter for a model directory (or GGUF file). Adding a model kind takes
 a class with those members and one entry in `_OPENERS`. The causal language model
@@ -22,13 +22,19 @@ import os
 
 
 class BadInput(ValueError):
-    """Text a source refuses (empty): a message in the page, HTTP 400 from the server."""
+    """Text a source refuses (empty, not valid Unicode): a message in the page, HTTP 400 from the server."""
 
 
 def check_text(text):
-    """`text` as a non-empty string; raises `BadInput` (empty or only spaces) or TypeError."""
+    """`text` as a non-empty string; raises `BadInput` (empty, only spaces, or a lone surrogate) or TypeError."""
     if not isinstance(text, str):
         raise TypeError(f"`text` must be a string. Received: text of type {type(text).__name__}")
+    try:  # JSON's "\ud800" escape gives a lone surrogate: no tokenizer takes it, no UTF-8 answer holds it
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadInput(
+            f"The text is not valid Unicode: a lone surrogate \\u{ord(text[e.start]):04x} at offset {e.start}"
+        ) from None
     if not text.strip():
         raise BadInput("The text is empty: type a sentence to see its attention.")
     return text

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from attnkit.explorer.contract import Attention, Steps, make_data
-from attnkit.explorer.sources import check_text
+from attnkit.explorer.sources import BadInput, check_text
 
 
 def _numpy(x):
@@ -58,23 +58,28 @@ class TranslatorSource:
     def attention(self, text, *, decimals=4):
         """The data contract of `text`: 3 attentions (encoder self, decoder self, cross) and the steps.
 
-        A text past the model's `source_length` characters is truncated, with a note.
+        A text past the model's `source_length` characters is truncated, with a note. A text that
+        `attnkit translate` refuses (unknown characters, no such date) or whose output it marks (not a
+        date) is still decoded, with a note giving translate's marker.
+
+        Raises:
+            BadInput: an empty text, or one whose first `source_length` characters are blank.
         """
+        from attnkit.cli.translation import output_marker, refusal
         from attnkit.models.decoding import greedy_decode
 
         check_text(text)
         translator, tok = self.translator, self.translator.tokenizer
-        notes = []
-        source_text = text
-        if len(text) > self.max_tokens:
-            source_text = text[: self.max_tokens]
-            notes.append(
-                f"The text is {len(text)} characters long; {self.name} reads at most {self.max_tokens}, so it "
-                f"was truncated to {source_text!r}."
-            )
+        source_text, notes = self._truncated(text)
         S = len(source_text)
         source = translator.encode_sources([source_text])  # (1, source_length), padded with PAD
         decoded = greedy_decode(translator.model, source, start_id=tok.START, end_id=tok.END)
+        output = tok.decode(decoded.ids[0])
+        marker = refusal(translator, source_text)  # translate's own checks, on the characters the model reads
+        if marker:
+            notes.append(f"attnkit translate refuses this text: {marker}. The output is the model's guess regardless.")
+        elif marker := output_marker(output):
+            notes.append(f"attnkit translate marks this output {marker}.")
         outputs = tok.display_tokens(decoded.ids[0])  # T_out labels, up to and including </s>
         T_out = len(outputs)
         prefix = np.concatenate([[tok.START], decoded.ids[0, : T_out - 1]]).astype(np.int32)[None]  # (1, T_out)
@@ -89,8 +94,25 @@ class TranslatorSource:
         return make_data(
             model=self.name, source=self.kind, text=text, tokens=chars, attention=attention, notes=notes,
             decimals=decimals,
-            steps=Steps(labels=outputs, query_rows=list(range(1, T_out + 1))), output=tok.decode(decoded.ids[0]),
+            steps=Steps(labels=outputs, query_rows=list(range(1, T_out + 1))), output=output,
         )
+
+    def _truncated(self, text):
+        """(the first `max_tokens` characters of `text`, [a note when that cut any off]); raises
+        `BadInput` when they are blank, which the model cannot translate (translate marks it <empty>)."""
+        if len(text) <= self.max_tokens:
+            return text, []
+        source_text = text[: self.max_tokens]
+        if not source_text.strip():
+            raise BadInput(
+                f"The text's first {self.max_tokens} characters, all that {self.name} reads, are blank: put the "
+                f"date within its first {self.max_tokens} characters."
+            )
+        note = (
+            f"The text is {len(text)} characters long; {self.name} reads at most {self.max_tokens}, so it was "
+            f"truncated to {source_text!r}."
+        )
+        return source_text, [note]
 
     def _weights(self, source, prefix):
         """(encoder self (n, h, S', S'), decoder self (n, h, T_out, T_out), cross (n, h, T_out, S'))
