@@ -191,6 +191,21 @@ def test_the_http_servers_own_errors_are_json(serve, line, status, message):
     assert message in json.loads(body)["error"]
 
 
+def test_a_request_left_unfinished_frees_its_thread_after_the_timeout(serve, capsys, monkeypatch):
+    """A body shorter than its Content-Length, the connection kept open: the handler's thread waited
+    for the rest for ever; after `timeout` seconds it closes the connection, silently."""
+    from attnkit.explorer import server as server_module
+
+    monkeypatch.setattr(server_module._Handler, "timeout", 0.5)
+    server = serve()
+    port = server.server_address[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 100\r\n\r\n{{".encode())
+        assert sock.recv(1024) == b""  # closed by the server, well within the client's 10 s
+    assert request(server.url + "api/model")[0] == 200
+    assert capsys.readouterr().err == ""
+
+
 def test_a_client_that_goes_away_leaves_no_traceback(serve, capsys):
     server = serve()
     port = server.server_address[1]

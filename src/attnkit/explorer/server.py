@@ -66,9 +66,10 @@ class ExplorerServer(http.server.ThreadingHTTPServer):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "attnkit-explorer"
+    timeout = 60  # seconds a client may leave a request unfinished (a short body) before its thread lets go
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
-        pass  # the terminal shows the URL and errors, not every request
+        pass  # the terminal shows the URL and errors, not every request (a timed-out one neither)
 
     def send_error(self, code, message=None, explain=None):
         """http.server's own refusals (414, a malformed request line, 501 ...) in the API's JSON, not HTML."""
