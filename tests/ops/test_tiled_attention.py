@@ -163,6 +163,32 @@ def test_non_finite_inputs_over_the_budget_give_the_explicit_numbers(causal):
     np.testing.assert_allclose(got, expected, atol=1e-5)  # NaN where `expected` has NaN, and only there
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="jax's accelerator kernel")
+@pytest.mark.parametrize("budget", [None, 1])
+@pytest.mark.parametrize("jit", [False, True])
+def test_jax_kernel_leaves_non_finite_inputs_to_the_explicit_numbers(monkeypatch, jit, budget):
+    """jax's kernel fills masked scores with a large finite number: a row whose kept scores are all
+    -inf came out as the average of its masked values (seen on an H100). Non-finite inputs take the
+    explicit path, or tiles over the budget, eagerly and under jit; finite ones keep the kernel."""
+    import jax
+
+    monkeypatch.setattr(_fused, "memory_efficient", lambda: True)  # jax's kernel, as on a GPU
+    q, k, v = qkv(7, 9, B=2)
+    q[0, 0, 2] = [-np.inf, 0, 0, 0]
+    k[0, 0, :, 0] = np.abs(k[0, 0, :, 0]) + 0.1
+    mask = np.ones((2, 1, 7, 9), bool)
+    mask[0, 0, 2, 6:] = False
+    finite_q = q.copy()
+    finite_q[0, 0, 2] = 1.0
+    expected = to_numpy(scaled_dot_product_attention(q, k, v, mask)[0])
+    expected_finite = to_numpy(scaled_dot_product_attention(finite_q, k, v, mask)[0])
+    assert np.isnan(expected[0, 0, 2]).all() and not np.isnan(np.delete(expected[0, 0], 2, axis=0)).any()
+    set_max_scores_bytes(budget)
+    fused = jax.jit(lambda q, k, v: fused_attention(q, k, v, mask)) if jit else (lambda q, k, v: fused_attention(q, k, v, mask))
+    np.testing.assert_allclose(to_numpy(fused(q, k, v)), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(fused(finite_q, k, v)), expected_finite, atol=1e-5)
+
+
 def resident_peak_rise(function):
     """Rise of the process's peak resident memory (Linux VmHWM) while `function` runs, in bytes."""
 

@@ -304,6 +304,19 @@ def _finite(*tensors):
     return bool(torch.isfinite(sum(s.float() for s in sums)))
 
 
+def if_finite(tensors, output, fallback):
+    """`output` when every element of the jax arrays `tensors` is finite, else `fallback()`: a
+    `lax.cond` when traced (only the branch taken runs), a Python choice otherwise. Finite as in
+    `_finite`: the float32 sum of each array."""
+    import jax
+    import jax.numpy as jnp
+
+    finite = jnp.isfinite(sum(jnp.sum(t, dtype=jnp.float32) for t in tensors))
+    if not isinstance(finite, jax.core.Tracer):
+        return output if bool(finite) else fallback()
+    return jax.lax.cond(finite, lambda: output, lambda: fallback().astype(output.dtype))
+
+
 def _torch_accelerator(queries, keys, values, keep, scale):
     """torch's SDPA with a keep-mask off the CPU. There the memory-efficient kernel returns an average
     of the values on rows with nothing to attend to (seen on an H100 in float16 and bfloat16), so

@@ -301,10 +301,18 @@ def fused_attention(
     else:
         keep, fused_causal = keep_mask(mask, causal, scores_shape, lengths), False
     output = _fused.attention(queries, keys, values, keep, fused_causal, scale)
-    if output is None:  # no kernel took the inputs (on torch: NaN or Inf in them): tiles if they are long
-        output = _in_tiles(queries, keys, values, mask, causal, scale)
-    if output is None:
-        return _explicit(queries, keys, values, mask, causal, scale, 0.0, False, None, output_only=True)[0]
+
+    def without_kernel():  # tiles if the scores would be large, else the explicit path
+        tiled = _in_tiles(queries, keys, values, mask, causal, scale)
+        return tiled if tiled is not None else _explicit(queries, keys, values, mask, causal, scale, 0.0, False, None, output_only=True)[0]
+
+    if output is None:  # no kernel took the inputs (on torch: NaN or Inf in them)
+        return without_kernel()
+    if keras.backend.backend() == "jax":
+        # jax's kernels fill masked scores with a large finite number, so a row whose kept scores are
+        # all -inf averages the masked values instead of giving NaN: inputs that are not all finite
+        # take the other path, as torch's do (`_fused._finite`).
+        output = _fused.if_finite((queries, keys, values), output, without_kernel)
     return output
 
 
