@@ -66,6 +66,21 @@ def test_prompts_match_sentence_transformers(checkpoints, tmp_path, mode, includ
     assert max_difference(default, plain) > 1e-3  # the prompt changes the embeddings: the test can tell
 
 
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+def test_a_prompt_longer_than_max_seq_length_is_counted_truncated(checkpoints, tmp_path, mode):
+    """sentence-transformers measures the prompt truncated at max_seq_length, so its [SEP] stays pooled;
+    attnkit counted it whole and pooled nothing: zeros (mean), [CLS] (cls), NaN (max then Normalize)."""
+    from sentence_transformers import SentenceTransformer
+
+    directory = _copy(checkpoints.sentence("bert", mode), tmp_path)
+    _edit(os.path.join(directory, "1_Pooling", "config.json"), include_prompt=False)
+    _edit(os.path.join(directory, "sentence_bert_config.json"), max_seq_length=6)
+    prompt = "query: the cat sat on the mat and the dog "  # longer than 6 tokens
+    ours = _encode(attnkit.load_pretrained(directory), TEXTS[:2], prompt=prompt)
+    assert np.isfinite(ours).all() and np.abs(ours).max() > 0
+    _close(ours, SentenceTransformer(directory, device="cpu").encode(TEXTS[:2], batch_size=4, prompt=prompt))
+
+
 def test_a_default_prompt_is_added_to_the_texts(checkpoints, tmp_path):
     directory = _copy(checkpoints.sentence("bert", "mean"), tmp_path)
     encoder = attnkit.load_pretrained(directory)

@@ -14,6 +14,7 @@ Legend: N texts, B batch, T tokens (with [CLS] and [SEP]), h heads, d_model widt
 embedding width (d_model times the pooling modes, or the last Dense module's width).
 """
 
+import contextlib
 import os
 import warnings
 from collections.abc import Iterable
@@ -161,11 +162,8 @@ class PretrainedEncoder:
             UserWarning naming how many texts were truncated.
         """
         texts = _check_texts(texts)
-        self.tokenizer.enable_truncation(self.max_length, direction=self.truncation_side)
-        try:
+        with self._truncating():
             encodings = self.tokenizer.encode_batch(texts)
-        finally:
-            self.tokenizer.no_truncation()
         truncated = sum(1 for e in encodings if e.overflowing)
         if truncated:
             warnings.warn(
@@ -300,10 +298,21 @@ class PretrainedEncoder:
 
     def _prompt_length(self, prompt):
         """The prompt's tokens as sentence-transformers counts them for include_prompt=false: the
-        prompt tokenized alone, less a trailing special token ([SEP])."""
-        encoding = self.tokenizer.encode(prompt)
+        prompt tokenized alone and truncated as the texts are, less a trailing special token ([SEP]).
+        A prompt longer than max_length so leaves that token pooled, as there."""
+        with self._truncating():
+            encoding = self.tokenizer.encode(prompt)
         special = encoding.special_tokens_mask
         return len(encoding.ids) - (1 if special and special[-1] else 0)
+
+    @contextlib.contextmanager
+    def _truncating(self):
+        """The tokenizer truncating at max_length on the directory's side, for the block's calls."""
+        self.tokenizer.enable_truncation(self.max_length, direction=self.truncation_side)
+        try:
+            yield
+        finally:
+            self.tokenizer.no_truncation()
 
     def save_pretrained(self, directory, *, overwrite=False):
         """Writes a Hugging Face directory that transformers' AutoModel and sentence-transformers load
