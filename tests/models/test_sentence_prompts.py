@@ -151,3 +151,27 @@ def test_save_pretrained_keeps_the_prompts_and_the_overrides(checkpoints, tmp_pa
     again = _encode(attnkit.load_pretrained(saved), TEXTS)
     np.testing.assert_array_equal(again, _encode(encoder, TEXTS))
     _close(again, SentenceTransformer(saved, device="cpu").encode(TEXTS, batch_size=4))
+
+
+@pytest.mark.parametrize("key, value", [
+    ("processing_kwargs", {"text": {"max_length": 5}}),
+    ("processing_kwargs", {"text": {"add_special_tokens": False}}),
+    ("tokenizer_args", {"truncation_side": "left"}),
+    ("processor_kwargs", {"do_lower_case": False, "model_max_length": 8}),
+])
+def test_tokenizer_settings_attnkit_does_not_apply_are_refused_by_name(checkpoints, tmp_path, key, value):
+    """sentence-transformers applies these to its tokenizer (embeddings 0.9-1.9 apart when ignored)."""
+    directory = _copy(checkpoints.sentence("bert", "mean"), tmp_path)
+    _edit(os.path.join(directory, "sentence_bert_config.json"), **{key: value})
+    with pytest.raises(ValueError, match=rf"sentence_bert_config.json: `{key}` sets \[.*\], which attnkit does not apply"):
+        attnkit.load_pretrained(directory)
+
+
+def test_model_max_length_in_tokenizer_args_is_applied(checkpoints, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    directory = _copy(checkpoints.sentence("bert", "mean"), tmp_path)
+    _edit(os.path.join(directory, "sentence_bert_config.json"), tokenizer_args={"model_max_length": 5})
+    ours = attnkit.load_pretrained(directory)
+    assert ours.max_length == 5
+    _close(_encode(ours, TEXTS), SentenceTransformer(directory, device="cpu").encode(TEXTS, batch_size=4))

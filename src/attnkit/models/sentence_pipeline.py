@@ -133,6 +133,7 @@ def read_pipeline(root, d_model_of):
         if sentence_config is not None:
             break
     sentence_config = sentence_config or {}
+    _check_tokenizer_settings(os.path.join(transformer_path, name), sentence_config)
     prompts, default_prompt_name = _read_prompts(os.path.join(root, SENTENCE_TRANSFORMERS_CONFIG))
     return Pipeline(transformer_path, tuple(modules), pooling, tuple(dense), modules[-1][0] == "Normalize",
                     sentence_config, include_prompt, prompts, default_prompt_name,
@@ -152,6 +153,25 @@ def _read_prompts(file):
             f"{file}: default_prompt_name {default!r} is not one of the prompts {sorted(prompts)}"
         )
     return tuple(prompts.items()), default
+
+
+def _check_tokenizer_settings(file, sentence_config):
+    """Refuses the tokenizer settings of sentence_bert_config.json that attnkit does not apply:
+    sentence-transformers passes `processor_kwargs` (formerly `tokenizer_args`) to the tokenizer's
+    loading and `processing_kwargs` to every tokenizer call (truncation side, max_length, special
+    tokens, lowercasing); of these attnkit reads model_max_length alone (`max_length`)."""
+    for key in ("processor_kwargs", "tokenizer_args", "processing_kwargs"):
+        value = sentence_config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ValueError(f"{file}: `{key}` must be an object of tokenizer settings. Received: {key}={value!r}")
+        unread = sorted(set(value) - ({"model_max_length"} if key != "processing_kwargs" else set()))
+        if unread:
+            raise ValueError(
+                f"{file}: `{key}` sets {unread}, which attnkit does not apply to its tokenizer (it reads "
+                f"`model_max_length` of processor_kwargs / tokenizer_args only). Received: {key}={value!r}"
+            )
 
 
 def _config_overrides(file, sentence_config):
