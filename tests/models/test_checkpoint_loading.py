@@ -289,3 +289,30 @@ def test_cli_export_and_embed_normalize(checkpoints, tmp_path, capsys):
         norms[tuple(flag)] = np.linalg.norm(json.loads(capsys.readouterr().out)["embedding"])
     assert norms[()] == pytest.approx(norms[("--no-normalize",)]) and norms[()] > 1.5
     assert norms[("--normalize",)] == pytest.approx(1, abs=1e-6)
+
+
+def test_export_of_a_half_precision_checkpoint_says_its_float32_weights(checkpoints, tmp_path):
+    """attnkit widens float16 weights to float32 and writes those; the export kept config.json's
+    "dtype": "float16", so transformers loaded it back in float16 (its dtype="auto" follows the config)."""
+    import torch
+    import transformers
+
+    path = _copy(checkpoints.base("bert"), tmp_path / "model")
+    model = transformers.AutoModel.from_pretrained(path, dtype=torch.float16)
+    model.save_pretrained(path)  # float16 weights, config.json "dtype": "float16"
+    with open(os.path.join(path, "config.json")) as f:
+        source = json.load(f)
+    assert {source[key] for key in ("dtype", "torch_dtype") if key in source} == {"float16"}
+    encoder = attnkit.load_pretrained(path)
+    exported = encoder.save_pretrained(str(tmp_path / "export"))
+    with open(os.path.join(exported, "config.json")) as f:
+        config = json.load(f)
+    assert {config[key] for key in ("dtype", "torch_dtype") if key in config} == {"float32"}
+    reloaded = transformers.AutoModel.from_pretrained(exported, dtype="auto")
+    assert reloaded.dtype == torch.float32
+    tokens = transformers.AutoTokenizer.from_pretrained(exported)(TEXTS[:2], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        theirs = reloaded(**tokens).last_hidden_state.numpy()
+    ours = _quiet_hidden(encoder, TEXTS[:2])
+    mask = tokens["attention_mask"].numpy().astype(bool)
+    assert max_difference(ours[mask], theirs[mask]) < 1e-5

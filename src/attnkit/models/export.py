@@ -85,8 +85,14 @@ def _write(encoder, directory):
     config = dict(encoder.config)
     model_type = config.setdefault("model_type", encoder.family.model_types[0])
     config["architectures"] = [_ARCHITECTURE.get(model_type, encoder.family.architecture)]
-    _json(os.path.join(directory, "config.json"), config)
     tensors = export_tensors(encoder.family, encoder.model, encoder.unused_weights)
+    floats = {str(t.dtype) for t in tensors.values() if t.dtype.kind == "f"}
+    if len(floats) == 1:
+        (written,) = floats
+        for key in ("dtype", "torch_dtype"):  # transformers 5's name, and 4's
+            if key in config:
+                config[key] = written  # a float16 source's "float16" would load this float32 export in float16
+    _json(os.path.join(directory, "config.json"), config)
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     source = encoder.pipeline.transformer_path
     for name in TOKENIZER_FILES:
