@@ -185,6 +185,30 @@ def test_decoder_refuses_a_look_ahead_mask_it_could_read_as_padding():
     np.testing.assert_allclose(to_numpy(decoder(ids, memory, np.ones((4, 1, 4), bool))), expected, atol=1e-6)
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function traced for unknown batch and length")
+def test_an_ambiguous_mask_is_refused_when_a_graph_of_unknown_shapes_runs():
+    """Traced with B and T unknown, a (T, T) look-ahead mask was read as (B, T_k) padding when B == T:
+    every query saw the first key only. The eager check refuses it as ambiguous; the graph now asserts."""
+    import tensorflow as tf
+
+    x = np.random.default_rng(0).normal(size=(3, 3, 8)).astype("float32")
+    look_ahead = np.tril(np.ones((3, 3), bool))
+    layer = attnkit.MultiHeadAttention(2, 4, 4, 8)
+    with pytest.raises(ValueError, match="is ambiguous"):
+        layer(x, mask=look_ahead)
+    weights = tf.function(
+        lambda x, m: layer(x, mask=m, return_attention_weights=True)[1],
+        input_signature=[tf.TensorSpec((None, None, 8)), tf.TensorSpec((None, None), tf.bool)],
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"`mask` of shape \(None, T_k\), read as a \(B, T_k\) padding mask"):
+        weights(x, look_ahead)
+    padding = np.array([[True, True, False], [True, True, True]])  # B = 2 != T = 3: padding, as eagerly
+    np.testing.assert_allclose(to_numpy(weights(x[:2], padding)), to_numpy(layer(x[:2], mask=padding, return_attention_weights=True)[1]), atol=1e-6)
+    attention = tf.function(lambda q, m: attnkit.fused_attention(q, q, q, m), input_signature=[tf.TensorSpec((None, 2, None, 4)), tf.TensorSpec((None, None), tf.bool)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="could be a \\(T_q, T_k\\) mask"):
+        attention(np.ones((3, 2, 3, 4), "float32"), look_ahead)
+
+
 @pytest.mark.parametrize("B, T", [(3, 3), (1, 4), (3, 1), (1, 1)], ids=["B==T", "B==1", "T==1", "B==T==1"])
 def test_every_layer_mask_argument_follows_one_rule(B, T):
     rng = np.random.default_rng(B * 10 + T)

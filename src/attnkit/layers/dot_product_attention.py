@@ -67,7 +67,9 @@ class DotProductAttention(CheckedCall, keras.layers.Layer):
             for _ in range(len(queries.shape) - 2):
                 key_padding = ops.expand_dims(key_padding, 1)  # (B, 1, ..., 1, T_k)
             scores_shape = (*queries.shape[:-1], keys.shape[-2])
-            mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
+            mask = key_padding if mask is None else combine_masks(
+                broadcast_mask(mask, scores_shape, query_length=ops.shape(queries)[-2]), key_padding
+            )
         options = dict(
             causal=causal, scale=scale, dropout=self.dropout, training=bool(training), seed=self.seed_generator
         )

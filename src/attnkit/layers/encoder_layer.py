@@ -49,7 +49,7 @@ def key_padding(x, padding_mask, name="padding_mask", queries=None):
         return ops.expand_dims(as_bool_mask(padding_mask, name), 1)  # (B, 1, T_k)
     queries = x if queries is None else queries
     scores_shape = (x.shape[0], None, queries.shape[1], x.shape[1])  # (B, h, T_q, T_k), any h
-    return broadcast_mask(padding_mask, scores_shape, name)
+    return broadcast_mask(padding_mask, scores_shape, name, query_length=ops.shape(queries)[1])
 
 
 @keras.saving.register_keras_serializable(package="attnkit")

@@ -132,7 +132,9 @@ class MultiHeadAttention(CheckedCall, keras.layers.Layer):
         if key_padding is not None:
             scores_shape = (queries.shape[0], self.h, queries.shape[1], keys.shape[1])
             key_padding = broadcast_mask(ops.expand_dims(key_padding, 1), scores_shape)  # (B, 1, 1, T_k)
-            mask = key_padding if mask is None else combine_masks(broadcast_mask(mask, scores_shape), key_padding)
+            mask = key_padding if mask is None else combine_masks(
+                broadcast_mask(mask, scores_shape, query_length=ops.shape(queries)[1]), key_padding
+            )
 
         if projection_path((self.W_q, self.W_k, self.W_v), queries is keys and keys is values) == SIDE_BY_SIDE:
             q, k, v = self._project_together(queries, (self.W_q, self.W_k, self.W_v))

@@ -177,7 +177,7 @@ def causal_keep(q_len, k_len):
 
 def keep_mask(mask, causal, scores_shape, dynamic_lengths):
     """The combined keep-mask broadcastable to the scores, or None when everything is kept."""
-    keep = None if mask is None else broadcast_mask(mask, scores_shape)
+    keep = None if mask is None else broadcast_mask(mask, scores_shape, query_length=dynamic_lengths[0])
     if causal:
         look_ahead = causal_keep(*dynamic_lengths)
         keep = look_ahead if keep is None else ops.logical_and(keep, look_ahead)

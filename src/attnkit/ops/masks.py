@@ -19,6 +19,7 @@ from the left (batch first), so (B, T_q, T_k) means "the same for every head", a
 A 2-D mask is (B, T_k) or (T_q, T_k) by which size matches; when B == T_q it is ambiguous and refused.
 """
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -152,12 +153,35 @@ def _shape_str(shape):
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
 
 
-def broadcast_mask(mask, scores_shape, name="mask"):
+def _asserted_not_query_rows(mask, query_length, name):
+    """A (B, T_k) mask traced with B unknown, asserted in a tensorflow graph to have a first dimension
+    of 1 or other than T_q when it runs: else it could be a (T_q, T_k) mask read as padding."""
+    if keras.backend.backend() != "tensorflow" or isinstance(mask, keras.KerasTensor):
+        return mask  # jax traces known shapes; torch runs eagerly
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    if tf.executing_eagerly() or control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        return mask  # XLA would drop the assertion, with a warning at every compilation
+    rows = tf.shape(mask)[0]
+    ambiguous = tf.logical_and(tf.equal(rows, tf.cast(query_length, rows.dtype)), tf.not_equal(rows, 1))
+    message = (f"`{name}` of shape (None, T_k), read as a (B, T_k) padding mask, has as many rows as there are "
+               "queries, so it could be a (T_q, T_k) mask: pass a padding mask as (B, 1, T_k) (e.g. mask[:, None, :]) "
+               "or a per-query mask as (1, T_q, T_k) (e.g. mask[None]); for look-ahead use causal=True. Rows:")
+    with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(ambiguous), [message, rows])]):
+        return tf.identity(mask)
+
+
+def broadcast_mask(mask, scores_shape, name="mask", query_length=None):
     """Validates `mask` and reshapes it to the rank of the scores so that it broadcasts.
 
     Args:
         mask: a keep-mask (bool or integer) of one of the shapes in the module docstring.
         scores_shape: static shape of the scores, (*lead, T_q, T_k); entries may be None.
+        query_length: T_q as the running graph knows it (`ops.shape(queries)[-2]`), or None. A 2-D
+            mask whose first dimension is unknown when traced is read as (B, T_k) padding; given
+            this, a tensorflow graph asserts when it runs that the dimension is not T_q, the case
+            the eager check refuses as ambiguous (XLA removes assertions).
 
     Returns:
         Boolean tensor of rank len(scores_shape) whose dims are 1 or equal to the scores'.
@@ -203,6 +227,8 @@ def broadcast_mask(mask, scores_shape, name="mask"):
             )
         if not is_batch:
             fail()
+        if d0 is None and query_length is not None:
+            mask = _asserted_not_query_rows(mask, query_length, name)
         for _ in range(rank - 2):
             mask = ops.expand_dims(mask, 1)  # (B, T_k) -> (B, 1, ..., 1, T_k)
         return mask
