@@ -5,6 +5,7 @@ The config and weights are read by `attnkit.models.checkpoints`, the sentence-tr
 the file and what is wrong with it.
 """
 
+import json
 import os
 
 from attnkit.models.checkpoints._json import REQUIRED as _REQUIRED
@@ -25,9 +26,13 @@ def check_directory(path):
 def read_tokenizer(path, *, vocab_size=None, lowercase=False):
     """A `tokenizers.Tokenizer` from tokenizer.json, else a WordPiece tokenizer from vocab.txt.
 
-    A vocab.txt tokenizer follows tokenizer_config.json as transformers' BertTokenizer does:
-    `do_lower_case` (default true), `strip_accents` (null: strip when lowercasing; true: strip; false:
-    keep) and `tokenize_chinese_chars` (default true: a CJK character is a word of its own).
+    Both are rebuilt as the tokenizer class AutoTokenizer picks rebuilds them from
+    tokenizer_config.json and its defaults, whatever tokenizer.json's own pipeline says
+    (`tokenizer_class`; vocab.txt: BertTokenizer). BertTokenizer: `do_lower_case` (default true),
+    `strip_accents` (null: strip when lowercasing; true: strip; false: keep),
+    `tokenize_chinese_chars` (default true: a CJK character is a word of its own), and the
+    [CLS] / [SEP] tokens; RobertaTokenizer and XLMRobertaTokenizer: `add_prefix_space`. A class whose
+    rebuild attnkit does not replicate is refused.
 
     Padding and truncation stored in the file are switched off: the caller pads each batch to its
     longest sequence and truncates at the model's maximum length.
@@ -41,25 +46,14 @@ def read_tokenizer(path, *, vocab_size=None, lowercase=False):
 
     Raises:
         FileNotFoundError: neither tokenizer.json nor vocab.txt.
-        ValueError: an unreadable tokenizer, invalid tokenizer_config.json settings, or more tokens
-            than `vocab_size`.
+        ValueError: an unreadable tokenizer, invalid tokenizer_config.json settings, a tokenizer class
+            not replicated, or more tokens than `vocab_size`.
     """
-    from tokenizers import Tokenizer
-    from tokenizers.implementations import BertWordPieceTokenizer
-
     tokenizer_file, vocab_file = os.path.join(path, "tokenizer.json"), os.path.join(path, "vocab.txt")
     if not os.path.isfile(tokenizer_file) and not os.path.isfile(vocab_file):
         raise FileNotFoundError(f"{path}: neither tokenizer.json nor vocab.txt found; {_REQUIRED}")
     file = tokenizer_file if os.path.isfile(tokenizer_file) else vocab_file
-    options = {} if file == tokenizer_file else _word_piece_options(os.path.join(path, "tokenizer_config.json"))
-    try:
-        if file == tokenizer_file:
-            tokenizer = Tokenizer.from_file(tokenizer_file)
-        else:
-            # the plain Tokenizer under the wrapper: the same API as tokenizer.json's (truncation direction)
-            tokenizer = Tokenizer.from_str(BertWordPieceTokenizer(vocab_file, **options).to_str())
-    except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-        raise ValueError(f"{file}: cannot read the tokenizer ({e})") from None
+    tokenizer = _rebuilt(path, file)
     if vocab_size is not None:
         ids = tokenizer.get_vocab(with_added_tokens=True).values()
         largest = max(ids, default=-1)
@@ -94,16 +88,26 @@ def read_tokenizer_config(path):
     return _read_json(os.path.join(path, "tokenizer_config.json"), required=False) or {}
 
 
-def _word_piece_options(file):
-    """BertWordPieceTokenizer's keyword arguments from tokenizer_config.json (defaults when absent)."""
-    settings = _read_json(file, required=False) or {}
-    lowercase = settings.get("do_lower_case", True)
-    strip_accents = settings.get("strip_accents")
-    chinese = settings.get("tokenize_chinese_chars", True)
-    for key, value, allowed in (("do_lower_case", lowercase, "true or false"),
-                                ("strip_accents", strip_accents, "null, true or false"),
-                                ("tokenize_chinese_chars", chinese, "true or false")):
-        if not (isinstance(value, bool) or (value is None and key == "strip_accents")):
-            raise ValueError(f"{file}: `{key}` must be {allowed}. Received: {key}={value!r}")
-    # strip_accents None: tokenizers' BertNormalizer then strips exactly when lowercasing, as transformers does
-    return dict(lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=chinese)
+def _rebuilt(path, file):
+    """tokenizer.json (or vocab.txt's WordPiece tokenizer) as transformers' tokenizer class rebuilds it
+    from tokenizer_config.json (see `tokenizer_class`)."""
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    from attnkit.models import tokenizer_class
+
+    settings_file = os.path.join(path, "tokenizer_config.json")
+    settings = _read_json(settings_file, required=False) or {}
+    try:
+        if file.endswith(".json"):
+            with open(file, encoding="utf-8") as f:
+                data = json.load(f)
+            name = tokenizer_class.resolve_class(settings, _read_json(os.path.join(path, CONFIG_FILE), required=False) or {})
+        else:  # vocab.txt: a WordPiece vocabulary, which transformers reads with BertTokenizer
+            data, name = json.loads(BertWordPieceTokenizer(file).to_str()), "BertTokenizer"
+        return tokenizer_class.rebuild(data, name, settings, (file, settings_file))
+    except ValueError as e:
+        if str(e).startswith(path):
+            raise  # ours: it names the file and field
+        raise ValueError(f"{file}: cannot read the tokenizer ({e})") from None
+    except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+        raise ValueError(f"{file}: cannot read the tokenizer ({e})") from None
