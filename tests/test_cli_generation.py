@@ -133,3 +133,22 @@ def test_a_rope_refusal_names_the_config_json_field(model_dir, tmp_path, capsys)
     assert main(["generate", "hello", "--model", path]) == 1
     err = _one_line_error(capsys)
     assert f"{path}/config.json: RoPE scaling 'yarn' is not implemented" in err and "Received: rope_parameters={" in err
+
+
+def test_named_chat_templates_give_the_default_one_as_transformers_does(model_dir, tmp_path):
+    """tokenizer_config.json may hold [{"name", "template"}, ...]: transformers applies "default" to a
+    chat without tools; attnkit refused the list as not a str."""
+    import shutil
+
+    from attnkit.models.causal_checkpoint import load_causal_lm
+
+    path = tmp_path / "named"
+    shutil.copytree(model_dir, path)
+    named = [{"name": "tool_use", "template": "TOOLS " + TEMPLATE}, {"name": "default", "template": TEMPLATE}]
+    json.dump({"chat_template": named, "eos_token": "<s>"}, open(path / "tokenizer_config.json", "w"))
+    messages = [{"role": "user", "content": "hi"}]
+    expected = transformers.AutoTokenizer.from_pretrained(path).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert load_causal_lm(str(path)).chat_prompt(messages) == expected == load_causal_lm(model_dir).chat_prompt(messages)
+    json.dump({"chat_template": named[:1], "eos_token": "<s>"}, open(path / "tokenizer_config.json", "w"))
+    with pytest.raises(ValueError, match=r"`chat_template` holds the templates \['tool_use'\] and none named 'default'"):
+        load_causal_lm(str(path))

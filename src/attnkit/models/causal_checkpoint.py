@@ -307,6 +307,20 @@ def _read_with_torch(file):
     return {k: v.float().numpy() for k, v in load_file(file).items()}
 
 
+def _default_template(template, file):
+    """tokenizer_config.json's chat_template: a str, or a list of {"name", "template"} from which
+    transformers takes the one named "default" (without tools, which attnkit's chat does not pass)."""
+    if not isinstance(template, list):
+        return template
+    if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in template):
+        raise ValueError(f"{file}: `chat_template` as a list must hold {{'name': str, 'template': str}} objects")
+    named = {t["name"]: t["template"] for t in template}
+    if "default" not in named:
+        raise ValueError(f"{file}: `chat_template` holds the templates {sorted(named)} and none named 'default', "
+                         "the one transformers applies to a chat without tools")
+    return named["default"]
+
+
 def read_hf_tokenizer(path, config):
     """(tokenizer or None, chat template or None, special tokens, stop ids) of a Hugging Face directory."""
     from tokenizers import Tokenizer
@@ -318,7 +332,7 @@ def read_hf_tokenizer(path, config):
     if os.path.isfile(settings_file):
         with open(settings_file, encoding="utf-8") as f:
             settings = json.load(f)
-    template = settings.get("chat_template")
+    template = _default_template(settings.get("chat_template"), settings_file)
     jinja = os.path.join(path, "chat_template.jinja")
     if os.path.isfile(jinja):
         with open(jinja, encoding="utf-8") as f:
