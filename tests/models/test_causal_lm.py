@@ -399,3 +399,15 @@ def test_a_rope_refusal_names_config_json_and_the_field_it_has(tmp_path_factory)
     _edit(path, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
     with pytest.raises(ValueError, match=r"config\.json: `rope_parameters\.partial_rotary_factor` other than 1 is not implemented"):
         load_causal_lm(path)
+
+
+def test_a_mistral_config_without_sliding_window_gets_mistrals_default():
+    """transformers' MistralConfig defaults sliding_window to 4096 when config.json has no such key;
+    attnkit read the missing key as full attention. null stays full attention."""
+    transformers = pytest.importorskip("transformers")
+    from attnkit.models.causal_checkpoint import model_arguments
+
+    config = {k: v for k, v in transformers.MistralConfig(num_hidden_layers=2).to_dict().items() if k != "sliding_window"}
+    assert model_arguments(config)["sliding_windows"] == [transformers.MistralConfig().sliding_window] * 2 == [4096, 4096]
+    assert model_arguments({**config, "sliding_window": None})["sliding_windows"] == [None, None]
+    assert model_arguments({**config, "sliding_window": 7})["sliding_windows"] == [7, 7]

@@ -194,7 +194,10 @@ def _rope_theta(config, source):
 
 def _sliding_windows(config, source, model_type, n):
     """Each layer's sliding window (None: full attention), as transformers' three models choose them."""
-    window = _field(source, config, "sliding_window", "an integer >= 0", None, nullable=True)
+    if "sliding_window" in config and config["sliding_window"] is None:
+        window = None  # null: full attention
+    else:  # an absent key is MistralConfig's own default, 4096
+        window = _field(source, config, "sliding_window", "an integer >= 0", 4096 if model_type == "mistral" else None, nullable=True)
     layer_types = _field(source, config, "layer_types", "a list of strings", None, nullable=True)
     if layer_types is not None:
         if len(layer_types) != n or not set(layer_types) <= {"full_attention", "sliding_attention"}:
