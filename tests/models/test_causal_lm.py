@@ -362,7 +362,7 @@ def _edit(path, file="config.json", **fields):
     ("config.json", dict(sliding_window="4"), r"`sliding_window` must be an integer >= 0 or null\. Received: sliding_window='4'"),
     ("config.json", dict(layer_types="full_attention"), r"`layer_types` must be a list of strings or null"),
     ("config.json", dict(layer_types=["full_attention"]), r"`layer_types` must list 'full_attention' or 'sliding_attention' for each of the num_hidden_layers=2"),
-    ("config.json", dict(pad_token_id="0"), r"`pad_token_id` must be an integer >= 0 or null\. Received: pad_token_id='0'"),
+    ("config.json", dict(pad_token_id="0"), r"`pad_token_id` must be an integer or null\. Received: pad_token_id='0'"),
     ("config.json", dict(eos_token_id=True), r"`eos_token_id` must be a token id \(an integer >= 0\) or a list of them or null"),
     ("generation_config.json", dict(eos_token_id=["2"]), r"`eos_token_id` must be a token id .* Received: eos_token_id=\['2'\]"),
 ])
@@ -377,6 +377,7 @@ def test_a_config_value_of_the_wrong_json_type_is_refused_by_name(tmp_path_facto
     dict(hidden_act="swish"),  # transformers' ACT2FN: nn.SiLU
     dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": None}),  # null: all of it rotates
     dict(rope_parameters=..., rope_theta=500, sliding_window=None, pad_token_id=None),  # transformers 4's layout, an integer theta
+    dict(pad_token_id=-1),  # early Llama conversions: transformers warns and loads
 ])
 def test_values_transformers_reads_load_as_it_reads_them(tmp_path_factory, fields):
     _, path = _save(tmp_path_factory, "llama")

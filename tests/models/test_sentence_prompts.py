@@ -167,11 +167,12 @@ def test_tokenizer_settings_attnkit_does_not_apply_are_refused_by_name(checkpoin
         attnkit.load_pretrained(directory)
 
 
-def test_model_max_length_in_tokenizer_args_is_applied(checkpoints, tmp_path):
+def test_model_max_length_in_tokenizer_args_is_applied_and_loading_options_pass(checkpoints, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     directory = _copy(checkpoints.sentence("bert", "mean"), tmp_path)
-    _edit(os.path.join(directory, "sentence_bert_config.json"), tokenizer_args={"model_max_length": 5})
+    settings = {"model_max_length": 5, "trust_remote_code": False, "revision": "main", "use_fast": True}
+    _edit(os.path.join(directory, "sentence_bert_config.json"), tokenizer_args=settings)
     ours = attnkit.load_pretrained(directory)
     assert ours.max_length == 5
     _close(_encode(ours, TEXTS), SentenceTransformer(directory, device="cpu").encode(TEXTS, batch_size=4))

@@ -96,7 +96,9 @@ def load_causal_lm(path=None, *, dtype="float32"):
         config = read_hf_config(path)
         weights = read_hf_weights(path)
         tokenizer, template, special, stop_ids = read_hf_tokenizer(path, config)
-        pad_id = _field(os.path.join(path, "config.json"), config, "pad_token_id", "an integer >= 0", None, nullable=True)
+        pad_id = _field(os.path.join(path, "config.json"), config, "pad_token_id", "an integer", None, nullable=True)
+        if pad_id is not None and pad_id < 0:
+            pad_id = None  # early Llama conversions wrote -1 for "none"; transformers loads them with a warning
     model = build_causal_lm(config, dtype, source=path if os.path.isfile(path) else os.path.join(path, "config.json"))
     assign_weights(model, config, weights, path)
     model.trainable = False
@@ -122,6 +124,7 @@ _JSON_TYPES = {
     "a boolean (true or false)": lambda v: isinstance(v, bool),
     "a number": lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
     "an integer >= 0": lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0,
+    "an integer": lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool),
     "a string": lambda v: isinstance(v, str),
     "an object": lambda v: isinstance(v, dict),
     "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),

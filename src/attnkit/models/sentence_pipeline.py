@@ -155,6 +155,14 @@ def _read_prompts(file):
     return tuple(prompts.items()), default
 
 
+# Of processor_kwargs / tokenizer_args: model_max_length (read), and options of `from_pretrained` that
+# only say where and how to load the files, not how to tokenize.
+_READ_OR_LOADING_ONLY = frozenset({
+    "model_max_length", "trust_remote_code", "revision", "use_fast", "token", "use_auth_token", "cache_dir",
+    "local_files_only", "force_download", "proxies",
+})
+
+
 def _check_tokenizer_settings(file, sentence_config):
     """Refuses the tokenizer settings of sentence_bert_config.json that attnkit does not apply:
     sentence-transformers passes `processor_kwargs` (formerly `tokenizer_args`) to the tokenizer's
@@ -166,7 +174,7 @@ def _check_tokenizer_settings(file, sentence_config):
             continue
         if not isinstance(value, dict):
             raise ValueError(f"{file}: `{key}` must be an object of tokenizer settings. Received: {key}={value!r}")
-        unread = sorted(set(value) - ({"model_max_length"} if key != "processing_kwargs" else set()))
+        unread = sorted(set(value) - (_READ_OR_LOADING_ONLY if key != "processing_kwargs" else set()))
         if unread:
             raise ValueError(
                 f"{file}: `{key}` sets {unread}, which attnkit does not apply to its tokenizer (it reads "
