@@ -98,3 +98,31 @@ def test_import_picks_torch_and_ignores_the_file_keras_then_writes(keras_home):
     written = json.loads((keras_home / "keras.json").read_text())
     assert written["backend"] == "tensorflow"
     assert _backend.choose_backend() == "torch"
+
+
+def test_unknown_keras_backend_variable_is_refused_naming_it(keras_home, monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "pytorch")
+    with pytest.raises(ValueError, match=r"KERAS_BACKEND: expected one of torch, jax, tensorflow.*got 'pytorch'"):
+        _backend.choose_backend()
+
+
+def test_unknown_keras_json_backend_is_refused_naming_the_file(keras_home):
+    write_keras_json(keras_home, backend="theano")
+    with pytest.raises(ValueError, match=r"keras\.json: expected one of torch.*got 'theano'"):
+        _backend.choose_backend()
+
+
+@once_per_run
+@pytest.mark.parametrize("how", [["-m", "attnkit.cli"], ["-c", "import attnkit"]], ids=["command", "library"])
+def test_unknown_backend_at_import(keras_home, how):
+    """The command prints its one line and exits 2 (it fails before `attnkit.cli.main` can run);
+    a library import raises the ValueError."""
+    env = {**os.environ, "KERAS_HOME": str(keras_home), "KERAS_BACKEND": "bogus"}
+    result = subprocess.run([sys.executable, *how, "--help"], env=env, capture_output=True, text=True, timeout=300)
+    if how[0] == "-m":
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr == ("attnkit: error: KERAS_BACKEND: expected one of torch, jax, tensorflow, numpy, "
+                                 "openvino, got 'bogus'\n")
+    else:
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1].startswith("ValueError: KERAS_BACKEND: expected one of")
