@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from attnkit._atomic_save import replace_files
+from attnkit._seed import set_random_seed
 from attnkit.distributed import data_parallel_plan, single_device_plan
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, STEP_SECONDS, StepWatchdog
 from attnkit.models.decoding import beam_search, greedy_decode
@@ -368,7 +369,7 @@ def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_paral
     batch_size = plan.local_batch_size(config.batch_size)  # this process's share of the global batch
     if log:
         log(f"{plan.describe()}; global batch {config.batch_size}, {config.batch_size // plan.num_devices} per device")
-    keras.utils.set_random_seed(config.seed)
+    set_random_seed(config.seed)
     tokenizer = dates.CharTokenizer()
     train, validation = dates.train_validation_split(config.n_train, config.n_validation, seed=config.seed)
     source, decoder_input, decoder_target, weights = plan.local_examples(

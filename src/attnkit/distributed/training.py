@@ -25,6 +25,7 @@ import time
 import keras
 import numpy as np
 
+from attnkit._seed import set_random_seed
 from attnkit.tasks import dates
 
 CHECKPOINTS = "checkpoints"
@@ -67,7 +68,7 @@ def train(config, engine, *, checkpoint_dir=None, resume=False, callbacks=(), lo
     """
     from attnkit.translation import build_model, make_arrays, make_optimizer
 
-    keras.utils.set_random_seed(config.seed)
+    set_random_seed(config.seed)
     tokenizer = dates.CharTokenizer()
     train_pairs, validation = dates.train_validation_split(config.n_train, config.n_validation, seed=config.seed)
     source, decoder_input, decoder_target, weights = make_arrays(train_pairs, tokenizer, config.source_length)
