@@ -11,20 +11,18 @@ gguf = pytest.importorskip("gguf")
 from attnkit.models.gguf_checkpoint import read_gguf  # noqa: E402
 
 
-def _write(path, **extra):
-    """A two-layer llama GGUF's metadata and one tensor; `extra`: GGUFWriter.add_* calls."""
+def _write(path, *, skip=(), arrays=None, **extra):
+    """A two-layer llama GGUF's metadata and one tensor; `extra`: GGUFWriter.add_* calls over the
+    sizes' (those named in `skip` left out); `arrays`: {key: list} written as arrays."""
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(2)
-    writer.add_context_length(64)
-    writer.add_embedding_length(32)
-    writer.add_feed_forward_length(64)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    sizes = dict(block_count=2, context_length=64, embedding_length=32, feed_forward_length=64, head_count=4,
+                 head_count_kv=2, rope_freq_base=10000.0, layer_norm_rms_eps=1e-5)
+    for name, value in {**sizes, **extra}.items():
+        if name not in skip:
+            getattr(writer, f"add_{name}")(value)
     writer.add_token_list([f"t{i}" for i in range(8)])
-    for name, value in extra.items():
-        getattr(writer, f"add_{name}")(value)
+    for key, values in (arrays or {}).items():
+        writer.add_array(key, values)
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -50,3 +48,18 @@ def test_neutral_values_of_those_keys_are_read(tmp_path):
     config, weights, _ = read_gguf(_write(tmp_path / "model.gguf", rope_scaling_factor=1.0, key_length=8, value_length=8))
     assert (config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]) == (8, 4, 2)
     assert config["rope_theta"] == 10000.0 and list(weights) == ["model.embed_tokens.weight"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(skip=("block_count",)), r"`llama.block_count` must be a positive integer. Received: None"),
+    (dict(skip=("embedding_length",)), r"`llama.embedding_length` must be a positive integer. Received: None"),
+    (dict(skip=("feed_forward_length",)), r"`llama.feed_forward_length` must be a positive integer. Received: None"),
+    (dict(head_count=0), r"`llama.attention.head_count` must be a positive integer. Received: 0"),
+    # one value per layer (OpenELM-style files): attnkit's decoder has one head count
+    (dict(skip=("head_count_kv",), arrays={"llama.attention.head_count_kv": [2, 1]}),
+     r"`llama.attention.head_count_kv` must be a positive integer. Received: \[2, 1\]"),
+])
+def test_a_missing_or_per_layer_size_is_refused_by_name(tmp_path, kwargs, message):
+    # These were TypeErrors and a ZeroDivisionError naming no key (docs/decisions.md item 85).
+    with pytest.raises(ValueError, match=message):
+        read_gguf(_write(tmp_path / "model.gguf", **kwargs))

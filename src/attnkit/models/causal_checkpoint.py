@@ -47,9 +47,10 @@ def is_causal_checkpoint(path):
         return False
     try:
         with open(config, encoding="utf-8") as f:
-            return json.load(f).get("model_type") in HF_MODEL_TYPES
+            config = json.load(f)
     except (OSError, ValueError):
         return False
+    return isinstance(config, dict) and config.get("model_type") in HF_MODEL_TYPES  # else the encoder loader names it
 
 
 def load_causal_lm(path=None, *, dtype="float32"):
@@ -274,6 +275,8 @@ def read_hf_config(path):
         raise FileNotFoundError(f"No config.json in {path}")
     with open(file, encoding="utf-8") as f:
         config = json.load(f)
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: expected a JSON object. Received: {type(config).__name__}")
     model_arguments(config, file)  # refuses unsupported fields before the weights are read
     return config
 

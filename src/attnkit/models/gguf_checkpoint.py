@@ -89,14 +89,24 @@ def read_gguf(path):
     for key in (f"{arch}.rope.scaling.factor", f"{arch}.rope.scale_linear"):
         if scaling is None and value(key) not in (None, 1, 1.0):  # llama.cpp scales linearly when no type is given
             raise ValueError(f"RoPE scaling ({key}={value(key)!r}) is not implemented in attnkit. Received: {path}")
-    if value(f"{arch}.attention.value_length") not in (None, value(f"{arch}.attention.key_length", None) or value(f"{arch}.embedding_length") // value(f"{arch}.attention.head_count")):
+
+    def size(key, default=None):
+        """`<arch>.key` as an integer >= 1 (`default` when absent); a missing size, or one per layer
+        (an array), is refused by name."""
+        number = value(f"{arch}.{key}", default)
+        if isinstance(number, bool) or not isinstance(number, (int, np.integer)) or number <= 0:
+            raise ValueError(f"GGUF metadata `{arch}.{key}` must be a positive integer. Received: {number!r} in {path}")
+        return int(number)
+
+    h = size("attention.head_count")
+    h_kv = size("attention.head_count_kv", h)
+    d_model = size("embedding_length")
+    d_k = size("attention.key_length", d_model // h or None)
+    if value(f"{arch}.attention.value_length") not in (None, d_k):
         raise ValueError(
             f"A value head width other than the key's ({arch}.attention.value_length={value(f'{arch}.attention.value_length')!r}) "
             f"is not implemented in attnkit's decoder. Received: {path}"
         )
-    h, h_kv = int(value(f"{arch}.attention.head_count")), int(value(f"{arch}.attention.head_count_kv", value(f"{arch}.attention.head_count")))
-    d_model = int(value(f"{arch}.embedding_length"))
-    d_k = int(value(f"{arch}.attention.key_length", d_model // h))
     rotary_dims = value(f"{arch}.rope.dimension_count", d_k)
     if rotary_dims != d_k:
         raise ValueError(f"Partial rotary embeddings ({rotary_dims} of {d_k} dims) are not implemented in attnkit. Received: {path}")
@@ -106,10 +116,10 @@ def read_gguf(path):
     tokens = value("tokenizer.ggml.tokens")
     config = {
         "model_type": arch,
-        "vocab_size": int(value(f"{arch}.vocab_size", len(tokens) if tokens is not None else 0)),
-        "num_hidden_layers": int(value(f"{arch}.block_count")),
+        "vocab_size": size("vocab_size", len(tokens) if tokens is not None else None),
+        "num_hidden_layers": size("block_count"),
         "hidden_size": d_model,
-        "intermediate_size": int(value(f"{arch}.feed_forward_length")),
+        "intermediate_size": size("feed_forward_length"),
         "num_attention_heads": h,
         "num_key_value_heads": h_kv,
         "head_dim": d_k,

@@ -127,6 +127,8 @@ def read_pipeline(root, d_model_of):
         if kind == "Dense":
             dense.append(_read_dense(path, width))
             width = dense[-1].kernel.shape[1]
+        else:
+            _check_normalize(path)
     sentence_config = {}
     for name in _SENTENCE_CONFIG_FILES:
         sentence_config = read_json(os.path.join(transformer_path, name), required=False)
@@ -134,6 +136,10 @@ def read_pipeline(root, d_model_of):
             break
     sentence_config = sentence_config or {}
     _check_tokenizer_settings(os.path.join(transformer_path, name), sentence_config)
+    _check_transformer_output(os.path.join(transformer_path, name), sentence_config)
+    if not isinstance(sentence_config.get("do_lower_case", False), bool):  # sentence-transformers lowercases on any truthy value
+        raise ValueError(f"{os.path.join(transformer_path, name)}: `do_lower_case` must be true or false. "
+                         f"Received: do_lower_case={sentence_config['do_lower_case']!r}")
     prompts, default_prompt_name = _read_prompts(os.path.join(root, SENTENCE_TRANSFORMERS_CONFIG))
     return Pipeline(transformer_path, tuple(modules), pooling, tuple(dense), modules[-1][0] == "Normalize",
                     sentence_config, include_prompt, prompts, default_prompt_name,
@@ -182,6 +188,42 @@ def _check_tokenizer_settings(file, sentence_config):
             )
 
 
+# What sentence-transformers' Transformer module hands to Pooling when its config says nothing else: the
+# encoder's last hidden states (AutoModel, forward's last_hidden_state) as token_embeddings.
+_TRANSFORMER_OUTPUT = {
+    "transformer_task": "feature-extraction",
+    "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+    "module_output_name": "token_embeddings",
+}
+
+
+def _check_transformer_output(file, sentence_config):
+    """Refuses a Transformer module that hands Pooling anything but the last hidden states: another
+    task's model (a classification or masked-LM head), another output (pooler_output), or another
+    feature name, which sentence-transformers runs or fails on and attnkit would silently replace."""
+    for key, expected in _TRANSFORMER_OUTPUT.items():
+        value = sentence_config.get(key)
+        if value is not None and value != expected:
+            raise ValueError(
+                f"{file}: `{key}` {value!r} is not supported; attnkit's Transformer module gives Pooling the "
+                f"encoder's last hidden states ({key}={expected!r})"
+            )
+
+
+def _check_normalize(path):
+    """Refuses a Normalize module that normalises another feature than the sentence embedding (its
+    module_input_name, e.g. token_embeddings) or writes it under another name: sentence-transformers
+    then leaves the sentence embedding as it is, and attnkit would normalise it."""
+    file = os.path.join(path, "config.json")
+    config = read_json(file, required=False) or {}
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key) not in ("sentence_embedding", None):
+            raise ValueError(
+                f"{file}: `{key}` {config[key]!r} is not supported; attnkit's Normalize normalises the "
+                "sentence_embedding in place"
+            )
+
+
 def _config_overrides(file, sentence_config):
     """sentence_bert_config.json's config_kwargs (formerly config_args): fields sentence-transformers
     sets over config.json's when it loads the encoder (`AutoConfig.from_pretrained(path, **kwargs)`)."""
@@ -203,6 +245,9 @@ def _read_pooling(path, d_model):
         if not isinstance(modes, (list, tuple)) or not modes:
             raise ValueError(f"{file}: `pooling_mode` must be a mode or a list of modes. Received: {modes!r}")
     else:  # the older format: one boolean per mode; none set means mean
+        for key in LEGACY_POOLING_KEYS:  # sentence-transformers takes any truthy value ("false" too) as set
+            if not isinstance(config.get(key, False), bool):
+                raise ValueError(f"{file}: `{key}` must be true or false. Received: {key}={config[key]!r}")
         modes = tuple(mode for key, mode in LEGACY_POOLING_KEYS.items() if config.get(key) is True) or ("mean",)
     unknown = [m for m in modes if m not in POOLING_MODES]
     if unknown:
@@ -228,7 +273,7 @@ def _read_dense(path, d_in):
     if config["in_features"] != d_in:
         raise ValueError(f"{file}: `in_features` is {config['in_features']}, but the embeddings before it have width {d_in}")
     activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")
-    if activation not in DENSE_ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in DENSE_ACTIVATIONS:  # a list is not hashable
         raise ValueError(f"{file}: activation_function {activation!r} is not supported; expected one of {sorted(DENSE_ACTIVATIONS)}")
     for key in ("module_input_name", "module_output_name"):
         if config.get(key, "sentence_embedding") not in ("sentence_embedding", None):

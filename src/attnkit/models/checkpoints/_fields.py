@@ -57,7 +57,7 @@ ACTIVATIONS = {
 
 def activation(file, config, key, default):
     value = config.get(key, default)
-    if value not in ACTIVATIONS:
+    if not isinstance(value, str) or value not in ACTIVATIONS:  # a list or object is not hashable
         raise ValueError(
             f"{file}: `{key}` {value!r} is not supported; attnkit computes {sorted(ACTIVATIONS)}"
         )
