@@ -94,3 +94,15 @@ def test_a_config_json_that_is_not_an_object_is_refused_by_file(checkpoints, tmp
     (path / "config.json").write_text("[1]")
     with pytest.raises(ValueError, match=r"config.json: expected a JSON object. Received: list"):  # was AttributeError
         getattr(attnkit, loader)(path)
+
+
+@pytest.mark.parametrize("name", ["torch.nn.ReLU", "torch.nn.Tanh"])
+def test_a_dense_activation_by_torch_public_name_loads_as_sentence_transformers_reads_it(checkpoints, tmp_path, name):
+    # sentence-transformers imports the path: torch.nn.ReLU is torch.nn.modules.activation.ReLU.
+    from sentence_transformers import SentenceTransformer
+
+    path = _copy(checkpoints.sentence("bert", "mean", dense="ReLU" if "ReLU" in name else "Tanh"), tmp_path / "model")
+    _edit_json(path / "2_Dense" / "config.json", activation_function=name)
+    reference = SentenceTransformer(str(path), device="cpu").encode(["a cat", "the dog sat"])
+    ours = attnkit.load_pretrained(path).encode(["a cat", "the dog sat"])
+    assert abs(ours - reference).max() <= 1e-5

@@ -34,6 +34,8 @@ DENSE_ACTIVATIONS = {
     "torch.nn.modules.activation.SiLU": lambda x: x / (1 + np.exp(-x)),
     "torch.nn.modules.activation.GELU": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
 }
+# sentence-transformers imports the path it is given, so torch's public alias names the same class.
+DENSE_ACTIVATIONS.update({"torch.nn." + name.rsplit(".", 1)[1]: f for name, f in DENSE_ACTIVATIONS.items()})
 SENTENCE_TRANSFORMERS_CONFIG = "config_sentence_transformers.json"
 _SENTENCE_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json",
                           "sentence_distilbert_config.json", "sentence_xlm-roberta_config.json")
