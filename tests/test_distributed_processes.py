@@ -263,7 +263,8 @@ def test_coordinator_and_process_arguments_are_checked():
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--processes", "2", "--data-parallel"], r"--data-parallel \(one process over its devices\) and --processes cannot be combined"),
+    (["--processes", "2", "--data-parallel"], r"--data-parallel \(one process over its devices\) cannot be combined with --processes"),
+    (["--resume", "--data-parallel"], r"--data-parallel .* cannot be combined with --processes, --coordinator, --process-id or --resume"),
     (["--processes", "3", "--batch-size", "16"], r"--batch-size must be a multiple of --processes \(3\) .* Received: batch_size=16"),
     (["--process-id", "1", "--processes", "2"], "--process-id needs --coordinator HOST:PORT"),
     (["--process-id", "2", "--processes", "2", "--coordinator", "127.0.0.1:29500"], r"--process-id must be in 0\.\.1 for --processes 2"),

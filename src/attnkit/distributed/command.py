@@ -71,7 +71,8 @@ def run(args, config, parser):
 def check_options(args, config):
     """Raises `CommandError` naming the first option that does not fit the others."""
     if args.data_parallel:
-        raise CommandError("--data-parallel (one process over its devices) and --processes cannot be combined")
+        raise CommandError("--data-parallel (one process over its devices) cannot be combined with --processes, "
+                           "--coordinator, --process-id or --resume (their runs are of processes)")
     if config.batch_size % args.processes:
         raise CommandError(f"--batch-size must be a multiple of --processes ({args.processes}) so that every process "
                            f"gets an equal share. Received: batch_size={config.batch_size}")
