@@ -187,6 +187,38 @@ def test_busy_port_is_refused_before_start(tmp_path):
     assert not os.path.exists(tmp_path / "x")
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="the workers' parent-death signal is the same code on every backend")
+def test_a_launcher_killed_outright_leaves_no_worker_training_on(tmp_path):
+    """SIGKILL gives the launcher no chance to stop its workers: they end by their own request to
+    Linux (prctl PR_SET_PDEATHSIG), and write no model. Before, they trained on and saved it."""
+    out = str(tmp_path / "run")
+    run = _popen("--processes", "2", "--epochs", "40", *TINY, "--output-dir", out)
+    first = training.checkpoint(os.path.join(out, training.CHECKPOINTS), 1)
+    deadline = time.monotonic() + 600
+    while not os.path.exists(first) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    workers = _children(run.pid)
+    assert run.poll() is None and len(workers) == 2, "the run ended before its first checkpoint"
+    run.kill()
+    run.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in workers if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "workers outlived their launcher"
+    assert sorted(os.listdir(out)) == [training.CHECKPOINTS]
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
+
+
 def test_every_process_takes_its_share_of_every_global_batch():
     order = training.epoch_order(70, 16, seed=3, epoch=2)  # 4 steps of 16; 6 examples sit out
     assert order.shape == (4, 16) and len(set(order.ravel())) == 64
@@ -231,18 +263,23 @@ def test_coordinator_and_process_arguments_are_checked():
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--processes", "2", "--data-parallel"], r"--data-parallel \(one process over its devices\) and --processes cannot be combined"),
+    (["--processes", "2", "--data-parallel"], r"--data-parallel \(one process over its devices\) cannot be combined with --processes"),
+    (["--resume", "--data-parallel"], r"--data-parallel .* cannot be combined with --processes, --coordinator, --process-id or --resume"),
     (["--processes", "3", "--batch-size", "16"], r"--batch-size must be a multiple of --processes \(3\) .* Received: batch_size=16"),
     (["--process-id", "1", "--processes", "2"], "--process-id needs --coordinator HOST:PORT"),
     (["--process-id", "2", "--processes", "2", "--coordinator", "127.0.0.1:29500"], r"--process-id must be in 0\.\.1 for --processes 2"),
     (["--processes", "2", "--coordinator", "10.0.0.1:29500"], "--processes without --process-id starts workers on this machine only"),
     (["--processes", "2", "--coordinator", "127.0.0.1"], "--coordinator must be HOST:PORT"),
+    (["--process-id", "0", "--processes", "2", "--coordinator", "127.0.0.1:0"], "--coordinator must be HOST:PORT"),
+    (["--processes", "2", "--train-size", "8", "--batch-size", "16"],
+     r"--train-size must be at least --batch-size\. Received: train_size=8, batch_size=16"),
 ])
 def test_wrong_process_options_are_one_line_before_anything_starts(arguments, message, tmp_path, capsys):
+    """Usage errors, as argparse's own: exit status 2 (attnkit.cli.errors), before any worker starts."""
     from attnkit.cli import main
 
     out = tmp_path / "run"
-    assert main(["train", *arguments, "--output-dir", str(out)]) == 1
+    assert main(["train", *arguments, "--output-dir", str(out)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert re.search(message, line), line
     assert not out.exists()

@@ -329,6 +329,40 @@ def test_a_tiny_temperature_samples_the_most_likely_token():
             np.testing.assert_array_equal(choose(logits, 1e-320, rng=rng, **options), [1, 0])
 
 
+def test_a_cache_that_grows_decodes_as_one_allocated_whole(pair, monkeypatch):
+    """The cache starts with room for CACHE_ROOM new tokens and doubles when full: here 64 slots, then
+    128, for 70 new tokens; greedy still matches transformers token for token."""
+    from attnkit.models import generation
+
+    ref, lm = pair
+    monkeypatch.setattr(generation, "CACHE_ROOM", 1)
+    prompt = [5, 6, 7, 8, 9]
+    ours = lm.generate_ids([prompt], max_new_tokens=70, stop_tokens=[])[0]
+    with torch.no_grad():
+        expected = ref.generate(torch.tensor([prompt]), max_new_tokens=70, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert ours == expected[0, len(prompt):].tolist()
+
+
+def test_max_new_tokens_far_beyond_the_stop_allocates_nothing_for_it():
+    # The cache was allocated for prompt + max_new_tokens at once: 10**12 asked the allocator for 64 TB
+    # (torch: "DefaultCPUAllocator: can't allocate memory"); transformers' cache grows as it goes.
+    model = CausalLM(vocab_size=16, n=1, d_model=8, h=2, d_ff=16)
+    assert generate(model, [[1, 2]], max_new_tokens=10**12, stop_tokens=range(16)) == [[generate(model, [[1, 2]], max_new_tokens=1)[0][0]]]
+
+
+def test_seed_and_stop_tokens_are_checked_and_one_stop_id_is_taken(pair):
+    _, lm = pair
+    for seed in (-1, 2.5, True, "1"):
+        with pytest.raises(ValueError, match=re.escape(f"`seed` must be None or an integer >= 0. Received: seed={seed!r}")):
+            lm.generate_ids([[1, 2]], max_new_tokens=2, temperature=1.0, seed=seed)
+    for stop in (None, "3", [3.0], [True]):
+        with pytest.raises(TypeError, match=re.escape(f"`stop_tokens` must be a token id or a list of token ids. Received: stop_tokens={stop!r}")):
+            lm.generate_ids([[1, 2]], max_new_tokens=2, stop_tokens=stop)
+    first = lm.generate_ids([[1, 2, 3]], max_new_tokens=3, stop_tokens=[])[0]
+    for stop in (first[0], np.int64(first[0])):  # one id, as transformers' eos_token_id takes it
+        assert lm.generate_ids([[1, 2, 3]], max_new_tokens=3, stop_tokens=stop) == [first[:1]]
+
+
 def _edit(path, file="config.json", **fields):
     """Rewrites fields of a saved checkpoint's JSON file (a value of ... removes the field)."""
     import json

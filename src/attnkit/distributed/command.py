@@ -13,6 +13,7 @@ import time
 
 import keras
 
+from attnkit.cli.errors import CommandError
 from attnkit.distributed import engines, launcher, training
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, Deadline, StepWatchdog
 
@@ -49,36 +50,57 @@ def worker_arguments(parser, args):
 
 
 def run(args, config, parser):
-    """The train command when any of --processes, --coordinator, --process-id, --resume is given."""
+    """The train command when any of --processes, --coordinator, --process-id, --resume is given.
+
+    Options that do not go together are a usage error (`CommandError`: exit status 2, as argparse's
+    own), raised before any process starts.
+    """
     backend = keras.backend.backend()
     args.processes = args.processes or 1  # --resume alone: one process
-    if args.data_parallel:
-        raise ValueError("--data-parallel (one process over its devices) and --processes cannot be combined")
-    if config.batch_size % args.processes:
-        raise ValueError(f"--batch-size must be a multiple of --processes ({args.processes}) so that every process "
-                         f"gets an equal share. Received: batch_size={config.batch_size}")
+    check_options(args, config)
     if args.process_id is None:
         if args.coordinator:
-            host, port = parse_coordinator(args.coordinator)
-            if host not in (launcher.LOCALHOST, "localhost"):
-                raise ValueError(
-                    f"--processes without --process-id starts workers on this machine only, so --coordinator must be "
-                    f"{launcher.LOCALHOST}:PORT. Received: --coordinator={args.coordinator!r}; on several machines "
-                    f"start one worker per machine with --process-id (docs/distributed.md)"
-                )
+            _, port = parse_coordinator(args.coordinator)
             launcher.check_ports(launcher.LOCALHOST, engines.ports_needed(backend, port, args.processes))
         else:
             port = launcher.free_ports(len(engines.ports_needed(backend, 0, args.processes)))
         return launcher.launch(worker_arguments(parser, args), args.processes, port)
-    if args.coordinator is None:
-        raise ValueError("--process-id needs --coordinator HOST:PORT (process 0's address) and --processes N")
-    if not 0 <= args.process_id < args.processes:
-        raise ValueError(f"--process-id must be in 0..{args.processes - 1} for --processes {args.processes}. "
-                         f"Received: --process-id={args.process_id}")
     return _worker(args, config, backend)
 
 
+def check_options(args, config):
+    """Raises `CommandError` naming the first option that does not fit the others."""
+    if args.data_parallel:
+        raise CommandError("--data-parallel (one process over its devices) cannot be combined with --processes, "
+                           "--coordinator, --process-id or --resume (their runs are of processes)")
+    if config.batch_size % args.processes:
+        raise CommandError(f"--batch-size must be a multiple of --processes ({args.processes}) so that every process "
+                           f"gets an equal share. Received: batch_size={config.batch_size}")
+    if config.n_train < config.batch_size:  # epoch_order's refusal, here rather than in every worker
+        raise CommandError(f"--train-size must be at least --batch-size. Received: train_size={config.n_train}, "
+                           f"batch_size={config.batch_size}")
+    if args.coordinator is not None:
+        try:
+            host, _ = parse_coordinator(args.coordinator)
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+        if args.process_id is None and host not in (launcher.LOCALHOST, "localhost"):
+            raise CommandError(
+                f"--processes without --process-id starts workers on this machine only, so --coordinator must be "
+                f"{launcher.LOCALHOST}:PORT. Received: --coordinator={args.coordinator!r}; on several machines "
+                f"start one worker per machine with --process-id (docs/distributed.md)"
+            )
+    if args.process_id is None:
+        return
+    if args.coordinator is None:
+        raise CommandError("--process-id needs --coordinator HOST:PORT (process 0's address) and --processes N")
+    if not 0 <= args.process_id < args.processes:
+        raise CommandError(f"--process-id must be in 0..{args.processes - 1} for --processes {args.processes}. "
+                           f"Received: --process-id={args.process_id}")
+
+
 def _worker(args, config, backend):
+    launcher.end_with_launcher()
     host, port = parse_coordinator(args.coordinator)
     rank, world = args.process_id, args.processes
     who = f"worker {rank} of {world}"

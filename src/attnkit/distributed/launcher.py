@@ -3,7 +3,8 @@ would give it on its own machine (`--coordinator 127.0.0.1:PORT --process-id I -
 
 The launcher checks the ports before it starts anything, passes worker 0's output through, keeps the
 others' quiet, and watches them all: when one ends with a failure, it stops the others and raises one
-line that names the worker and the cause (docs/decisions.md item 43).
+line that names the worker and the cause (docs/decisions.md item 43). A launcher killed outright
+(SIGKILL) cannot stop them: on Linux each worker asks for a SIGTERM when it dies (`end_with_launcher`).
 """
 
 import os
@@ -18,6 +19,8 @@ LOCALHOST = "127.0.0.1"
 POLL_SECONDS = 0.1
 STOP_GRACE_SECONDS = 5
 CAUSE_SECONDS = 0.5
+LAUNCHER_PID = "ATTNKIT_LAUNCHER_PID"  # set in the environment of the workers the launcher starts
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class WorkerFailed(ChildProcessError):
@@ -82,7 +85,26 @@ def worker_environment(processes):
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         env.setdefault(name, threads)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env[LAUNCHER_PID] = str(os.getpid())
     return env
+
+
+def end_with_launcher():
+    """In a worker the launcher started (Linux): a SIGTERM when the launcher dies, so that a launcher
+    killed outright leaves no workers behind that train on and write the model (docs/decisions.md
+    item 86). SIGTERM ends a worker as Ctrl-C does (item 78): saves are whole or absent. Elsewhere,
+    and in a worker started by hand, nothing."""
+    launcher = os.environ.pop(LAUNCHER_PID, None)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # no prctl to ask: the launcher's own stop still applies
+        return
+    if os.getppid() != int(launcher):  # it died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def launch(worker_arguments, processes, port):

@@ -13,8 +13,8 @@ import numpy as np
 from keras import ops
 
 from attnkit.models.chat_template import render_chat
+from attnkit.models.generation import check_stop_tokens, generate_tokens
 from attnkit.models.generation import generate as generate_ids
-from attnkit.models.generation import generate_tokens
 
 
 class PretrainedCausalLM:
@@ -68,7 +68,7 @@ class PretrainedCausalLM:
         return ops.convert_to_numpy(self.model(ids))
 
     def _options(self, options):
-        options.setdefault("stop_tokens", self.stop_ids)
+        options["stop_tokens"] = check_stop_tokens(options.get("stop_tokens", self.stop_ids))
         options.setdefault("pad_id", self.pad_id)
         return options
 

@@ -6,7 +6,9 @@ transformers applies them). Sampling runs in NumPy on float32 logits with `numpy
 (seed)`, so a seed gives the same tokens on every backend (docs/decisions.md item 36).
 
 Prompts of different lengths are padded on the left, so every sequence's next token lands in the
-same cache slot; padding takes no position and is never attended to.
+same cache slot; padding takes no position and is never attended to. The cache holds the prompt and
+at most `CACHE_ROOM` new tokens at first and doubles when full: a `max_new_tokens` far beyond what
+a generation reaches before its stop token allocates nothing for it (docs/decisions.md item 86).
 
 Legend: B prompts, P longest prompt, V vocabulary.
 """
@@ -18,6 +20,9 @@ from keras import ops
 
 from attnkit._validation import positive_int
 from attnkit.layers._sublayer import call_sublayer
+from attnkit.layers.kv_cache import KVCache
+
+CACHE_ROOM = 4096  # new tokens the first cache has room for; it doubles when full
 
 
 def check_sampling(temperature, top_k, top_p):
@@ -71,6 +76,25 @@ def choose(logits, temperature=0.0, top_k=None, top_p=None, rng=None):
     return np.minimum(picked, probs.shape[-1] - 1)
 
 
+def check_stop_tokens(stop_tokens):
+    """`stop_tokens` as a list of ints: a token id (as transformers' `eos_token_id` takes one) or a
+    sequence of them; an empty sequence stops nothing."""
+    ids = [stop_tokens] if isinstance(stop_tokens, numbers.Integral) else stop_tokens
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"`stop_tokens` must be a token id or a list of token ids. Received: stop_tokens={stop_tokens!r}")
+    ids = list(ids)
+    if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in ids):
+        raise TypeError(f"`stop_tokens` must be a token id or a list of token ids. Received: stop_tokens={stop_tokens!r}")
+    return [int(t) for t in ids]
+
+
+def check_seed(seed):
+    """`seed`: None (fresh randomness) or an integer >= 0, what `numpy.random.default_rng` takes."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ValueError(f"`seed` must be None or an integer >= 0. Received: seed={seed!r}")
+    return None if seed is None else int(seed)
+
+
 def left_pad(prompts, pad_id):
     """(ids (B, P) int32, mask (B, P) bool) with every prompt right-aligned."""
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -106,19 +130,20 @@ def generate_tokens(
     """
     max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    seed, stop = check_seed(seed), set(check_stop_tokens(stop_tokens))
     prompts = [[int(t) for t in p] for p in prompts]
     for p in prompts:
         bad = [t for t in p if not 0 <= t < model.vocab_size]
         if bad:
             raise ValueError(f"Token ids must be in [0, {model.vocab_size}). Received: {bad[:5]}")
-    stop = set(int(t) for t in stop_tokens)
     rng = np.random.default_rng(seed) if temperature > 0 else None
     ids, mask = left_pad(prompts, pad_id)
     done = np.zeros((len(prompts),), dtype=bool)
     if use_cache:
         # Room rounded up to 64 slots: on jax and tensorflow a step's shapes are the cache's, so prompts
         # of similar lengths share one compiled step (docs/decisions.md item 56).
-        cache = model.new_cache(len(prompts), -(-(ids.shape[1] + max_new_tokens) // 64) * 64)
+        cache = model.new_cache(len(prompts), _room(ids.shape[1] + min(max_new_tokens, CACHE_ROOM)))
+        needed = ids.shape[1] + max_new_tokens - 1  # the last token is yielded, never fed back
         logits = _call(model, ids, attention_mask=mask, cache=cache, last_only=True)
     else:
         logits = _call(model, ids, attention_mask=mask, last_only=True)
@@ -131,10 +156,34 @@ def generate_tokens(
             return
         new = token[:, None].astype("int32")  # (B, 1)
         if use_cache:
+            if cache.length == cache.max_length:
+                cache = _grown(cache, _room(min(2 * cache.max_length, needed)))
             logits = _call(model, new, attention_mask=np.ones_like(new, dtype=bool), cache=cache, last_only=True)
         else:
             ids, mask = np.concatenate([ids, new], axis=1), np.concatenate([mask, np.ones_like(new, dtype=bool)], axis=1)
             logits = _call(model, ids, attention_mask=mask, last_only=True)
+
+
+def _room(length):
+    """`length` rounded up to a multiple of 64 slots."""
+    return -(-length // 64) * 64
+
+
+def _grown(cache, max_length):
+    """A copy of `cache` with room for `max_length` tokens: its filled slots, then empty ones."""
+    grown = KVCache.of_buffers(
+        [_extended(k, max_length) for k in cache.keys], [_extended(v, max_length) for v in cache.values],
+    )
+    grown.length, grown.seen = cache.length, cache.seen
+    grown.valid = np.zeros((cache.valid.shape[0], max_length), dtype=bool)
+    grown.valid[:, : cache.max_length] = cache.valid
+    return grown
+
+
+def _extended(buffer, max_length):
+    """(B, h_kv, S_max, d) -> (B, h_kv, max_length, d), zeros after the first S_max slots."""
+    B, h, S, d = buffer.shape
+    return ops.concatenate([buffer, ops.zeros((B, h, max_length - S, d), buffer.dtype)], axis=2)
 
 
 def _call(model, ids, **options):
@@ -153,7 +202,7 @@ def generate(model, prompts, *, on_token=None, **options):
     """
     outputs = [[] for _ in prompts]
     finished = [False] * len(prompts)
-    stop = set(int(t) for t in options.get("stop_tokens", ()))
+    stop = set(check_stop_tokens(options.get("stop_tokens", ())))
     for token in generate_tokens(model, prompts, **options):
         if on_token is not None:
             on_token(token)
