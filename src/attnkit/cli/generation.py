@@ -54,7 +54,8 @@ def _template_sources(path):
 
 
 def _options(args):
-    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    given = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)  # None: the model's default
+    return dict(max_new_tokens=args.max_new_tokens, seed=args.seed, **{k: v for k, v in given.items() if v is not None})
 
 
 def _write(pieces):
@@ -96,9 +97,12 @@ def _chat(args):
 
 def _add_options(parser):
     parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="most tokens to generate (default 128)")
-    parser.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
-    parser.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
-    parser.add_argument("--top-p", type=_probability, default=None, help="sample within probability mass p")
+    parser.add_argument("--temperature", type=_non_negative_float, default=None,
+                        help="0 = greedy; > 0 samples (default: the model's generation_config.json, else greedy)")
+    parser.add_argument("--top-k", type=positive_int, default=None,
+                        help="sample among the k most likely tokens (default: the model's generation_config.json)")
+    parser.add_argument("--top-p", type=_probability, default=None,
+                        help="sample within probability mass p (default: the model's generation_config.json)")
     parser.add_argument("--seed", type=seed, default=None, help="seed of the sampling (reproducible output)")
     parser.add_argument("--model", metavar="PATH", help="a GGUF file or a llama / mistral / qwen2 directory (default SmolLM2)")
 

@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from attnkit.models.causal_lm import CausalLM
+from attnkit.models.generation_config import read_generation_defaults
 from attnkit.ops.rotary import check_rope_scaling
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -93,10 +94,12 @@ def load_causal_lm(path=None, *, dtype="float32"):
         stop_ids = [info["eos_token_id"]] if info.get("eos_token_id") is not None else []
         template = info.get("chat_template")
         pad_id = info.get("pad_token_id")
+        generation_defaults = {}  # a GGUF file has no generation settings
     else:
         config = read_hf_config(path)
         weights = read_hf_weights(path)
         tokenizer, template, special, stop_ids = read_hf_tokenizer(path, config)
+        generation_defaults = read_generation_defaults(path)
         pad_id = _field(os.path.join(path, "config.json"), config, "pad_token_id", "an integer", None, nullable=True)
         if pad_id is not None and pad_id < 0:
             pad_id = None  # early Llama conversions wrote -1 for "none"; transformers loads them with a warning
@@ -106,6 +109,7 @@ def load_causal_lm(path=None, *, dtype="float32"):
     return PretrainedCausalLM(
         model, tokenizer, chat_template=template, special_tokens=special, stop_ids=stop_ids,
         pad_id=stop_ids[0] if pad_id is None and stop_ids else (pad_id or 0), path=path,
+        generation_defaults=generation_defaults,
     )
 
 

@@ -26,12 +26,16 @@ class PretrainedCausalLM:
         chat_template: the Jinja template, or None.
         special_tokens: {"bos_token", "eos_token", "unk_token", "pad_token"}: strings or None.
         stop_ids: ids that end a generation by default (the end-of-sequence token(s)).
+        generation_defaults: {option: value} the generation methods use for options not given (a
+            directory's generation_config.json: `attnkit.models.generation_config`); {} = greedy.
         pad_id: the id padding batched prompts (never attended to).
         path: where the model was read from.
     """
 
-    def __init__(self, model, tokenizer, *, chat_template=None, special_tokens=None, stop_ids=(), pad_id=0, path=None):
+    def __init__(self, model, tokenizer, *, chat_template=None, special_tokens=None, stop_ids=(), pad_id=0, path=None,
+                 generation_defaults=None):
         self.model, self.tokenizer, self.chat_template = model, tokenizer, chat_template
+        self.generation_defaults = dict(generation_defaults or {})
         self.special_tokens = dict(special_tokens or {})
         self.stop_ids, self.pad_id, self.path = [int(i) for i in stop_ids], int(pad_id), path
         self.n, self.h, self.d_model = model.n, model.h, model.d_model
@@ -68,6 +72,8 @@ class PretrainedCausalLM:
         return ops.convert_to_numpy(self.model(ids))
 
     def _options(self, options):
+        for key, value in self.generation_defaults.items():
+            options.setdefault(key, value)
         options["stop_tokens"] = check_stop_tokens(options.get("stop_tokens", self.stop_ids))
         options.setdefault("pad_id", self.pad_id)
         return options
@@ -79,7 +85,8 @@ class PretrainedCausalLM:
     def generate(self, prompt, **options):
         """Generated text for a prompt (str) or each of a list of prompts (the stop token left out).
 
-        Options: max_new_tokens, temperature, top_k, top_p, seed, stop_tokens, use_cache.
+        Options: max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop_tokens, use_cache;
+        those not given come from `generation_defaults`.
         """
         single = isinstance(prompt, str)
         prompts = [prompt] if single else list(prompt)

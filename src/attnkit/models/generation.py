@@ -2,7 +2,7 @@
 
 Each step picks one token per sequence from the last position's logits: greedy (argmax) when the
 temperature is 0, else a sample after the temperature, top-k and top-p filters, in that order (as
-transformers applies them). Sampling runs in NumPy on float32 logits with `numpy.random.default_rng
+transformers applies them); a repetition penalty, when asked, comes first. Sampling runs in NumPy on float32 logits with `numpy.random.default_rng
 (seed)`, so a seed gives the same tokens on every backend (docs/decisions.md item 36).
 
 Prompts of different lengths are padded on the left, so every sequence's next token lands in the
@@ -33,6 +33,29 @@ def check_sampling(temperature, top_k, top_p):
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
         raise ValueError(f"`top_p` must be a number in (0, 1]. Received: top_p={top_p!r}")
     return float(temperature), top_k, None if top_p is None else float(top_p)
+
+
+def check_repetition_penalty(penalty):
+    """`repetition_penalty`: a number > 0; 1 leaves the logits as they are."""
+    if isinstance(penalty, bool) or not isinstance(penalty, numbers.Real) or not 0 < penalty < float("inf"):
+        raise ValueError(f"`repetition_penalty` must be a finite number > 0 (1: none). Received: repetition_penalty={penalty!r}")
+    return float(penalty)
+
+
+def penalize_repetition(logits, seen, penalty):
+    """transformers' repetition penalty (CTRL, Keskar et al. 2019): the logit of every token already in
+    a row's sequence, prompt included, is divided by `penalty` where positive and multiplied where
+    negative, before the temperature and the filters.
+
+    Args:
+        logits: (B, V) float array.
+        seen: (B, V) bool, the tokens of each row's prompt and of what it generated.
+        penalty: > 0.
+
+    Returns:
+        (B, V) float array."""
+    logits = np.asarray(logits)
+    return np.where(seen, np.where(logits < 0, logits * penalty, logits / penalty), logits)
 
 
 def choose(logits, temperature=0.0, top_k=None, top_p=None, rng=None):
@@ -109,8 +132,8 @@ def left_pad(prompts, pad_id):
 
 
 def generate_tokens(
-    model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=None, top_p=None, seed=None, stop_tokens=(),
-    pad_id=0, use_cache=True,
+    model, prompts, *, max_new_tokens=32, temperature=0.0, top_k=None, top_p=None, repetition_penalty=1.0, seed=None,
+    stop_tokens=(), pad_id=0, use_cache=True,
 ):
     """Yields the next token of every prompt, step by step.
 
@@ -119,6 +142,7 @@ def generate_tokens(
         prompts: a list of B token id lists (lengths may differ).
         max_new_tokens: the most tokens generated per prompt.
         temperature, top_k, top_p: see `choose`.
+        repetition_penalty: see `penalize_repetition` (1: none).
         seed: int seed of the sampling (None: fresh randomness).
         stop_tokens: ids that end a sequence (the stop token is yielded, then the row yields `pad_id`).
         pad_id: the id padding prompts and finished rows.
@@ -130,6 +154,7 @@ def generate_tokens(
     """
     max_new_tokens = positive_int("max_new_tokens", max_new_tokens)
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
+    penalty = check_repetition_penalty(repetition_penalty)
     seed, stop = check_seed(seed), set(check_stop_tokens(stop_tokens))
     prompts = [[int(t) for t in p] for p in prompts]
     for p in prompts:
@@ -139,6 +164,10 @@ def generate_tokens(
     rng = np.random.default_rng(seed) if temperature > 0 else None
     ids, mask = left_pad(prompts, pad_id)
     done = np.zeros((len(prompts),), dtype=bool)
+    if penalty != 1:
+        seen = np.zeros((len(prompts), model.vocab_size), dtype=bool)  # (B, V)
+        for row, prompt in enumerate(prompts):
+            seen[row, prompt] = True
     if use_cache:
         # Room rounded up to 64 slots: on jax and tensorflow a step's shapes are the cache's, so prompts
         # of similar lengths share one compiled step (docs/decisions.md item 56).
@@ -148,8 +177,13 @@ def generate_tokens(
     else:
         logits = _call(model, ids, attention_mask=mask, last_only=True)
     for step in range(max_new_tokens):
-        token = choose(ops.convert_to_numpy(logits)[:, -1], temperature, top_k, top_p, rng)
+        last = ops.convert_to_numpy(logits)[:, -1]  # (B, V)
+        if penalty != 1:
+            last = penalize_repetition(last, seen, penalty)
+        token = choose(last, temperature, top_k, top_p, rng)
         token = np.where(done, pad_id, token)
+        if penalty != 1:
+            seen[np.arange(len(prompts)), token] = True
         yield token
         done |= np.isin(token, list(stop)) if stop else False
         if done.all() or step == max_new_tokens - 1:
