@@ -700,3 +700,20 @@ def test_whole_sequences_keep_the_flash_kernel_beside_other_threads_or_above_the
     assert _fused._bmm_takes(q, k, v)
     monkeypatch.setattr(_fused, "BMM_MAX_SCORES_BYTES", 2 * 2 * 40 * 40 * 4 - 1)
     assert not _fused._bmm_takes(q, k, v)
+
+
+def test_layers_compile_under_torch_compile(rng):
+    """Keras's jit_compile=True on torch is torch.compile: Inductor failed to lower oneDNN's linear on our
+    weights (LoweringException), so a compiled FeedForward did not run; it now takes Inductor's GEMMs
+    (docs/decisions.md item 84)."""
+    from attnkit.layers import FeedForward
+
+    layer = FeedForward(16, 8)
+    x = rng.normal(size=(4, 6, 8)).astype("float32")
+    layer(x)
+    kernels = [to_numpy(v) for v in (layer.fully_connected1.kernel, layer.fully_connected1.bias,
+                                      layer.fully_connected2.kernel, layer.fully_connected2.bias)]
+    want = _float64_linear(_float64_linear(x, *kernels[:2], "relu"), *kernels[2:], None)
+    with torch.no_grad():
+        got = torch.compile(lambda v: layer(v))(torch.from_numpy(x))
+    np.testing.assert_allclose(to_numpy(got), want, rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ Legend: B batch, T tokens in this call, S keys (cached and new), V vocabulary, d
 n layers, h / h_kv heads, d_k per-head width.
 """
 
+import numbers
 import types
 
 import keras
@@ -17,6 +18,7 @@ import numpy as np
 from keras import ops
 
 from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
+from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
@@ -29,7 +31,7 @@ from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class CausalLM(keras.Model):
+class CausalLM(CheckedCall, keras.Model):
     """A decoder-only Transformer with RoPE, grouped-query attention, RMSNorm and SwiGLU.
 
     Args:
@@ -68,6 +70,9 @@ class CausalLM(keras.Model):
     >>> lm(ops.ones((1, 5), "int32")).shape  # (1, 5, 100)
     """
 
+    # `last_only` reaches `call` as a Python bool: "false" would be truthy (docs/decisions.md item 84).
+    _call_checks = dict(flags=("last_only",))
+
     def __init__(
         self, vocab_size, n, d_model, h, d_ff, *, num_kv_heads=None, d_k=None, rope_theta=10000.0, rope_scaling=None,
         epsilon=1e-6, tie_embeddings=True, attention_bias=False, output_bias=False, mlp_bias=False,
@@ -77,17 +82,28 @@ class CausalLM(keras.Model):
         self.vocab_size, self.n = positive_int("vocab_size", vocab_size), positive_int("n", n)
         self.d_model, self.h, self.d_ff = positive_int("d_model", d_model), positive_int("h", h), positive_int("d_ff", d_ff)
         self.num_kv_heads = self.h if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
+        if d_k is None and self.d_model < self.h:  # d_k = d_model // h would be 0: name what was given
+            raise ValueError(
+                f"`d_model` must be at least `h` when `d_k` is not given (d_k = d_model // h). "
+                f"Received: d_model={self.d_model}, h={self.h}"
+            )
         self.d_k = self.d_model // self.h if d_k is None else positive_int("d_k", d_k)
         self.rope_theta = positive_float("rope_theta", rope_theta)
         self.rope_scaling = rope_scaling
         check_rope_scaling(rope_scaling)
         self.epsilon = positive_float("epsilon", epsilon)
         self.tie_embeddings = bool(boolean("tie_embeddings", tie_embeddings))
-        self.attention_bias, self.output_bias, self.mlp_bias = bool(attention_bias), bool(output_bias), bool(mlp_bias)
-        if sliding_windows is None or isinstance(sliding_windows, int):
-            sliding_windows = [sliding_windows] * self.n
-        if len(sliding_windows) != self.n:
-            raise ValueError(f"`sliding_windows` must have n={self.n} entries. Received: {sliding_windows!r}")
+        # bool("false") is True: a flag is a bool, NumPy's or 0/1, nothing truthy (docs/decisions.md item 84).
+        self.attention_bias = bool(boolean("attention_bias", attention_bias))
+        self.output_bias = bool(boolean("output_bias", output_bias))
+        self.mlp_bias = bool(boolean("mlp_bias", mlp_bias))
+        if sliding_windows is None or isinstance(sliding_windows, (numbers.Number, np.bool_)):
+            sliding_windows = [sliding_windows] * self.n  # one for every layer; each entry is checked below
+        if not isinstance(sliding_windows, (list, tuple)) or len(sliding_windows) != self.n:
+            raise ValueError(
+                f"`sliding_windows` must be None, a positive integer or a list of n={self.n} entries (each a positive "
+                f"integer or None). Received: sliding_windows={sliding_windows!r}"
+            )
         self.sliding_windows = [optional_positive_int("sliding_windows", w) for w in sliding_windows]
         policy = self.dtype_policy
         self.embedding = keras.layers.Embedding(self.vocab_size, self.d_model, name="embedding", dtype=policy)

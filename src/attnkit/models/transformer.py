@@ -8,12 +8,14 @@ Legend: B batch, S source length, T target length, V target vocabulary size, d_m
 import keras
 from keras import ops
 
-from attnkit._validation import boolean
+from attnkit._validation import boolean, positive_int
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._sublayer import in_own_scope
 from attnkit.layers.decoder import Decoder
 from attnkit.layers.encoder import Encoder
 from attnkit.layers.linear import Linear
+
+STACK_SIZES = ("h", "d_k", "d_v", "d_model", "d_ff", "n", "rate")  # the stacks' own names, checked by them
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -51,6 +53,14 @@ class Transformer(CheckedCall, keras.Model):
         *, pad_id=0, norm_first=False, activation="relu", epsilon=1e-6, tie_weights=False, **kwargs,
     ):
         super().__init__(**kwargs)
+        # Checked here under the model's own names (the stacks would name `dec_seq_length` "sequence_length")
+        # and kept as the Python values the layers and `get_config` take (docs/decisions.md item 84).
+        enc_vocab_size, dec_vocab_size, enc_seq_length, dec_seq_length = (
+            positive_int(name, value) for name, value in (
+                ("enc_vocab_size", enc_vocab_size), ("dec_vocab_size", dec_vocab_size),
+                ("enc_seq_length", enc_seq_length), ("dec_seq_length", dec_seq_length),
+            )
+        )
         shared = dict(pad_id=pad_id, norm_first=norm_first, activation=activation, epsilon=epsilon)
         # Every sub-layer computes in the model's dtype policy (mixed precision included).
         policy = self.dtype_policy
@@ -65,8 +75,8 @@ class Transformer(CheckedCall, keras.Model):
             self.model_last_layer = Linear(dec_vocab_size, name="model_last_layer", dtype=self.dtype_policy)
         self._config = dict(
             enc_vocab_size=enc_vocab_size, dec_vocab_size=dec_vocab_size, enc_seq_length=enc_seq_length,
-            dec_seq_length=dec_seq_length, h=h, d_k=d_k, d_v=d_v, d_model=d_model, d_ff=d_ff, n=n, rate=rate,
-            tie_weights=self.tie_weights, **shared,
+            dec_seq_length=dec_seq_length, tie_weights=self.tie_weights,
+            **{name: getattr(self.encoder, name) for name in (*STACK_SIZES, "pad_id", "norm_first", "activation", "epsilon")},
         )
         self.pad_id = self.encoder.pad_id
 

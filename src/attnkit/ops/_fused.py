@@ -1167,6 +1167,10 @@ def _onednn_takes(x, weight, bias, packed=False):
 
     if not (ONEDNN and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype):
         return False
+    if torch.compiler.is_compiling():
+        # torch.compile (Keras's jit_compile=True): Inductor lowers oneDNN's linear only on weights it
+        # packed itself and failed on ours; it picks its own GEMMs (docs/decisions.md item 84).
+        return False
     if any(t is not None and t.device.type != "cpu" for t in (x, weight, bias)):
         return False  # oneDNN's operators are the CPU's: elsewhere torch's own kernels, or its device error
     if x.dtype == torch.bfloat16 and not native_half(x.dtype):
@@ -1229,7 +1233,8 @@ def _onednn_linear_class():
                 grad = grad.masked_fill(y <= 0, 0)  # ReLU's gradient: 0 where the output is 0
             grad_rows, x_rows = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (M, d_out), (M, d_in)
             needs_x, needs_kernel, needs_bias, _ = ctx.needs_input_grad
-            if torch.is_grad_enabled():  # create_graph: differentiable products
+            # create_graph: differentiable products; torch.compile: Inductor's, as in `_onednn_takes`
+            if torch.is_grad_enabled() or torch.compiler.is_compiling():
                 grad_x = grad @ kernel.t() if needs_x else None
                 grad_kernel = x_rows.t() @ grad_rows if needs_kernel else None
             else:
