@@ -133,3 +133,19 @@ def test_any_token_survives_the_page_unchanged(tokens, text):
     assert json.loads(parser.scripts["attnkit-data"]) == json.loads(to_json(data))
     assert json.loads(parser.scripts["attnkit-config"])["model"] == {"model": "<!--", "source": "s"}
     assert "<" not in to_script_json(data)
+
+
+@pytest.mark.parametrize("name", ["__ATTNKIT_DATA__", "__ATTNKIT_CONFIG__"])
+def test_a_text_spelling_the_pages_markers_stays_text(name):
+    """The served page's text (`--text`) and an exported page's model name are in the config, written
+    before the data: a config holding the data's marker took the data's place (invalid JSON, a blank page)."""
+    data = data_for(np.full((1, 1, 2, 2), 0.5), tokens=[name, "b"])
+    for page, config in [
+        (render_page({"model": name, "source": "s"}, data=data), {"mode": "export", "text": None, "endpoint": None}),
+        (render_page({"model": "m", "source": "s"}, endpoint="/api", text=name), {"mode": "served", "text": name}),
+    ]:
+        parser = _Scripts()
+        parser.feed(page)
+        got = json.loads(parser.scripts["attnkit-config"])
+        assert {key: got[key] for key in config} == config
+        assert json.loads(parser.scripts["attnkit-data"]) == (json.loads(to_json(data)) if config["mode"] == "export" else None)

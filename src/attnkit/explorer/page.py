@@ -5,11 +5,13 @@ Content-Security-Policy allows no request but the same origin's endpoint, so an 
 works offline from disk and a served one talks only to its own server.
 """
 
+import re
 from importlib import resources
 
 from attnkit.explorer.contract import to_script_json
 
 _CONFIG, _DATA = "__ATTNKIT_CONFIG__", "__ATTNKIT_DATA__"
+_MARKERS = re.compile(f"{_CONFIG}|{_DATA}")
 
 
 def _template():
@@ -34,7 +36,7 @@ def render_page(model, *, data=None, endpoint=None, text=None):
     if (data is None) == (endpoint is None):
         raise ValueError("render_page needs either `data` (an exported page) or `endpoint` (a served one)")
     config = {"mode": "export" if data is not None else "served", "model": model, "endpoint": endpoint, "text": text}
-    page = _template()
-    # One replacement each, config first: the data may contain the config's marker as text.
-    page = page.replace(_CONFIG, to_script_json(config), 1)
-    return page.replace(_DATA, to_script_json(data) if data is not None else "null", 1)
+    values = {_CONFIG: to_script_json(config), _DATA: to_script_json(data) if data is not None else "null"}
+    # One pass over the template, whose only markers are its two elements': the text put in is never
+    # searched again, so a text, token or model name spelling a marker stays text.
+    return _MARKERS.sub(lambda marker: values[marker.group(0)], _template())
