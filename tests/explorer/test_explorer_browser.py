@@ -361,3 +361,60 @@ def test_the_exported_language_model_page_plays_offline(page, tiny_llama_dir, ll
     assert page.input_value("#step") == str(len(data["steps"]["labels"]) - 1)
     assert attempted == []
     assert page.evaluate("() => performance.getEntriesByType('resource').map(e => e.name)") == []
+
+
+# (token, its label): every character visible as itself or a stand-in, never cut inside a character.
+LABELS = [
+    ("\r", "<U+000D>"),  # not U+FFFD, the label of a byte piece of an incomplete character
+    ("a\x00b", "a<U+0000>b"),
+    ("\x7f", "<U+007F>"),
+    ("\r\n", "<U+000D>\u21b5"),
+    (" \t", "\u2423\u21e5"),
+    ("", "\u2205"),
+    ("\u200b", "<U+200B>"),
+    ("\u00a0", "<U+00A0>"),
+    ("\ufeff", "<U+FEFF>"),
+    ("\u202eabc", "<U+202E>abc"),  # drawn "cba" when the override was left in
+    ("\u0301", "\u25cc\u0301"),
+    ("e\u0301\u0301", "e\u0301\u0301"),
+    ("\U0001f431" * 3, "\U0001f431" * 3),
+    ("\U0001f431" * 20, None),
+    ("</script><img src=x onerror=\"window.pwned=1\">", None),
+    ("\U0001f469\u200d\U0001f469\u200d\U0001f467" * 9, None),
+    ("x" * 300, None),
+]
+
+
+def test_token_labels_are_whole_visible_characters_within_the_views(page, tmp_path, artifacts):
+    """A label drew a character that draws as nothing (U+200B) as nothing, "\\r" as U+FFFD, cut an emoji
+    between its two UTF-16 halves, and ran 16 characters past the enlarged head's left edge."""
+    import numpy as np
+
+    from attnkit.explorer.contract import Attention, make_data
+    from attnkit.explorer.page import render_page
+
+    tokens = [token for token, _ in LABELS]
+    T = len(tokens)
+    data = make_data(model="m", source="s", text="t", tokens=tokens,
+                     attention=[Attention("self", tokens, tokens, np.full((1, 1, T, T), 1 / T))])
+    out = tmp_path / "labels.html"
+    out.write_text(render_page({"model": "m", "source": "s"}, data=data), encoding="utf-8")
+    page.goto(out.as_uri())
+    page.click("#grid canvas")  # the enlarged head: its row and column labels too
+    for svg in ("#head-svg", "#enlarged-svg"):
+        labels = page.eval_on_selector_all(svg + " text.token", """ts => ts.map(t => {
+            const b = t.getBoundingClientRect(), s = t.ownerSVGElement.getBoundingClientRect();
+            return [t.firstChild.textContent, t.querySelector("title").textContent,
+                    b.left >= s.left && b.right <= s.right && b.top >= s.top && b.bottom <= s.bottom];
+        })""")
+        assert len(labels) == 2 * T
+        for (label, title, inside), (token, expected) in zip(labels, LABELS + LABELS):
+            assert title == token and inside, (svg, token, label)
+            label.encode("utf-8")  # no lone UTF-16 half of a character
+            if expected is not None:
+                assert label == expected, (svg, token)
+            else:
+                shown = token.replace(" ", "\u2423")
+                assert label.endswith("\u2026") and shown.startswith(label[:-1]), (svg, token, label)
+    assert page.evaluate("() => window.pwned") is None
+    page.screenshot(path=os.path.join(artifacts, "token-labels.png"), full_page=True)
