@@ -64,8 +64,8 @@ def page(browser):
 def serve():
     servers = []
 
-    def start(source):
-        server = ExplorerServer(source, 0)
+    def start(source, text=None):
+        server = ExplorerServer(source, 0, text=text)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return server
@@ -418,3 +418,23 @@ def test_token_labels_are_whole_visible_characters_within_the_views(page, tmp_pa
                 assert label.endswith("\u2026") and shown.startswith(label[:-1]), (svg, token, label)
     assert page.evaluate("() => window.pwned") is None
     page.screenshot(path=os.path.join(artifacts, "token-labels.png"), full_page=True)
+
+
+def test_a_text_of_several_lines_is_explored_as_written(page, serve, tiny_source):
+    """The text box was a one-line input, which drops the newlines of `--text` ("the cat\nsat" showed and
+    explored again as "the catsat") and turns a pasted text's into spaces."""
+    text = "the cat\nsat on\n\nthe mat"
+    page.goto(serve(tiny_source, text=text).url)
+    page.wait_for_function("() => Number(document.body.dataset.renders || 0) > 0")
+    assert page.input_value("#text") == text
+    page.click("#run")  # the text box's text, explored again
+    page.wait_for_function("() => Number(document.body.dataset.renders || 0) > 1")
+    assert page_data(page) == json.loads(to_json(tiny_source.attention(text)))
+
+    page.fill("#text", "the dog")
+    page.press("#text", "Shift+Enter")  # a new line
+    page.type("#text", "ran")
+    assert page.input_value("#text") == "the dog\nran"
+    page.press("#text", "Enter")  # explores
+    page.wait_for_function("() => Number(document.body.dataset.renders || 0) > 2")
+    assert page_data(page)["text"] == "the dog\nran"
