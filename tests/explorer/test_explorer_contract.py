@@ -149,3 +149,27 @@ def test_a_text_spelling_the_pages_markers_stays_text(name):
         got = json.loads(parser.scripts["attnkit-config"])
         assert {key: got[key] for key in config} == config
         assert json.loads(parser.scripts["attnkit-data"]) == (json.loads(to_json(data)) if config["mode"] == "export" else None)
+
+
+def test_a_lone_surrogate_is_refused_naming_where_it_is():
+    """A lone surrogate (JSON's "\\ud800") in a custom source's tokens reached `export_page`, which failed
+    writing the file with a UnicodeEncodeError."""
+    w = np.full((1, 1, 2, 2), 0.5)
+    with pytest.raises(ValueError, match=r"`tokens`\[1\] is not valid Unicode: a lone surrogate \\ud800 at offset 1"):
+        make_data(model="m", source="s", text="t", tokens=["a", "b\ud800"], attention=[Attention("self", ["a", "b"], ["a", "b"], w)])
+    with pytest.raises(ValueError, match=r"The query_tokens of 'self'\[1\] is not valid Unicode"):
+        data_for(w, tokens=["a", "b\ud800"])
+    with pytest.raises(ValueError, match=r"The key_tokens of 'self'\[0\] is not valid Unicode: a lone surrogate \\udfff"):
+        make(attention=[Attention("self", ["a", "b"], ["\udfff", "c"], w)])
+    with pytest.raises(ValueError, match=r"`steps.labels`\[0\] is not valid Unicode"):
+        make(attention=[Attention("self", ["a", "b"], ["a", "b"], w, stepwise=True)], steps=Steps(["\ud83d"], [1]))
+    with pytest.raises(ValueError, match=r"`output` is not valid Unicode"):
+        data_for(w, output="\ud83d")
+    kind = data_for(w, tokens=["\U0001f431", "e\u0301"], output="\U0001f431")["attention"][0]
+    assert kind["query_tokens"] == ["\U0001f431", "e\u0301"]
+
+
+def test_decimals_may_be_a_numpy_integer():
+    data = data_for(np.full((1, 1, 2, 2), 0.5), decimals=np.int64(3))
+    assert data["decimals"] == 3 and type(data["decimals"]) is int and "3 decimal places" in data["rounding"]
+    json.loads(to_json(data))

@@ -101,11 +101,12 @@ def make_data(*, model, source, text, tokens, attention, steps=None, notes=(), o
 
     Raises:
         ValueError: weights that are not (n, h, T_q, T_k) matching the tokens, that are not finite or
-            lie outside [0, 1] (beyond float32 rounding), steps that do not fit the attentions, or bad
-            `decimals`.
+            lie outside [0, 1] (beyond float32 rounding), steps that do not fit the attentions, bad
+            `decimals`, or a string with a lone surrogate (no UTF-8 page or answer can hold it).
     """
-    if isinstance(decimals, bool) or not isinstance(decimals, int) or not 1 <= decimals <= 8:
+    if isinstance(decimals, bool) or not isinstance(decimals, (int, np.integer)) or not 1 <= decimals <= 8:
         raise ValueError(f"`decimals` must be an integer from 1 to 8. Received: decimals={decimals!r}")
+    decimals = int(decimals)  # a NumPy integer is not JSON
     if not attention:
         raise ValueError("`attention` must list at least one Attention. Received: an empty list")
     kinds = [_attention_json(a, decimals) for a in attention]
@@ -115,18 +116,34 @@ def make_data(*, model, source, text, tokens, attention, steps=None, notes=(), o
     return {
         "format": FORMAT,
         "version": VERSION,
-        "model": str(model),
-        "source": str(source),
-        "text": str(text),
-        "tokens": [str(t) for t in tokens],
+        "model": _text(model, "`model`"),
+        "source": _text(source, "`source`"),
+        "text": _text(text, "`text`"),
+        "tokens": _texts(tokens, "`tokens`"),
         "decimals": decimals,
         "max_error": 0.5 * 10.0 ** -decimals,
         "rounding": rounding_text(decimals),
-        "notes": [str(note) for note in notes],
+        "notes": _texts(notes, "`notes`"),
         "attention": kinds,
         "steps": steps_json,
-        "output": output,
+        "output": None if output is None else _text(output, "`output`"),
     }
+
+
+def _text(value, what):
+    """`value` as a str; a lone surrogate (JSON's "\\ud800") is refused: no UTF-8 page or answer holds it."""
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} is not valid Unicode: a lone surrogate \\u{ord(text[e.start]):04x} at offset {e.start}"
+        ) from None
+    return text
+
+
+def _texts(values, what):
+    return [_text(value, f"{what}[{i}]") for i, value in enumerate(values)]
 
 
 def _attention_json(a, decimals):
@@ -155,9 +172,9 @@ def _attention_json(a, decimals):
         )
     rounded = np.clip(np.round(w, decimals), 0.0, 1.0)  # (n, h, T_q, T_k)
     return {
-        "name": a.name,
-        "query_tokens": [str(t) for t in a.query_tokens],
-        "key_tokens": [str(t) for t in a.key_tokens],
+        "name": _text(a.name, "An attention's name"),
+        "query_tokens": _texts(a.query_tokens, f"The query_tokens of {a.name!r}"),
+        "key_tokens": _texts(a.key_tokens, f"The key_tokens of {a.name!r}"),
         "stepwise": bool(a.stepwise),
         "causal": bool(a.causal),
         "kv_heads": kv_heads,
@@ -168,7 +185,7 @@ def _attention_json(a, decimals):
 
 
 def _steps_json(steps, attention):
-    labels, rows = [str(label) for label in steps.labels], [int(r) for r in steps.query_rows]
+    labels, rows = _texts(steps.labels, "`steps.labels`"), [int(r) for r in steps.query_rows]
     if len(labels) != len(rows) or not labels:
         raise ValueError(
             f"`steps` needs one label and one query_rows entry per step. Received: {len(labels)} labels, "
