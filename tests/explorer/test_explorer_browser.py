@@ -387,7 +387,8 @@ LABELS = [
 
 def test_token_labels_are_whole_visible_characters_within_the_views(page, tmp_path, artifacts):
     """A label drew a character that draws as nothing (U+200B) as nothing, "\\r" as U+FFFD, cut an emoji
-    between its two UTF-16 halves, and ran 16 characters past the enlarged head's left edge."""
+    between its two UTF-16 halves, and ran 16 characters past the enlarged head's left edge; the exported
+    page's text was shown with its newlines and runs of spaces as one space."""
     import numpy as np
 
     from attnkit.explorer.contract import Attention, make_data
@@ -395,11 +396,13 @@ def test_token_labels_are_whole_visible_characters_within_the_views(page, tmp_pa
 
     tokens = [token for token, _ in LABELS]
     T = len(tokens)
-    data = make_data(model="m", source="s", text="t", tokens=tokens,
+    text = "the  cat\n\tsat"  # its spaces and lines as written, not collapsed as HTML collapses them
+    data = make_data(model="m", source="s", text=text, tokens=tokens,
                      attention=[Attention("self", tokens, tokens, np.full((1, 1, T, T), 1 / T))])
     out = tmp_path / "labels.html"
     out.write_text(render_page({"model": "m", "source": "s"}, data=data), encoding="utf-8")
     page.goto(out.as_uri())
+    assert page.inner_text("#exported-text") == "Text: " + text
     page.click("#grid canvas")  # the enlarged head: its row and column labels too
     for svg in ("#head-svg", "#enlarged-svg"):
         labels = page.eval_on_selector_all(svg + " text.token", """ts => ts.map(t => {
