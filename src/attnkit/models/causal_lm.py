@@ -24,6 +24,7 @@ from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
 from attnkit.layers.kv_cache import KVCache, keep_mask
+from attnkit.layers.position_embedding import embedding_table
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.models import _torch_decoding
 from attnkit.ops import _fused
@@ -203,18 +204,10 @@ class CausalLM(CheckedCall, keras.Model):
             x = x[:, -1:]  # (B, 1, d_model)
         x = call_sublayer(self.final_norm, x)
         if self.lm_head is None:
-            logits = _fused.times_transposed(x, self._tied_vocabulary(x.dtype))  # (B, T, V)
+            logits = _fused.times_transposed(x, embedding_table(self.embedding, x.dtype))  # (B, T, V)
         else:
             logits = call_sublayer(self.lm_head, x)
         return ops.cast(logits, "float32"), weights
-
-    def _tied_vocabulary(self, dtype):
-        """E (V, d_model) in `dtype`, as the embedding's lookups read it. A quantized embedding (Keras's
-        `quantize`) stores integers and scales: its rows are dequantized by looking every id up,
-        which the layer does exactly for each of its modes, instead of reading the integers as E."""
-        if self.embedding.quantization_mode is None:
-            return ops.cast(self.embedding.embeddings, dtype)  # LoRA included, by the property
-        return ops.cast(self.embedding(ops.arange(self.vocab_size, dtype="int32")), dtype)
 
     def _compiled_call(self, token_ids, cos, sin, keeps, causals, cache, start, last_only):
         """jax and tensorflow: a cached call as one compiled program (`jax.jit`, `tf.function`), the cache's
