@@ -153,6 +153,14 @@ class CausalLM(CheckedCall, keras.Model):
                 f"`attention_layer` must be None, a layer index in [0, {self.n}) or \"all\". Received: attention_layer={attention_layer!r}"
             )
         B, T = token_ids.shape
+        if B is None or T is None:
+            # Positions, masks and the cache's slots are worked out on the host from the shape: a
+            # tf.function traced for any batch (tensorflow's fit/predict/evaluate) cannot give them.
+            raise ValueError(
+                "`CausalLM` needs `token_ids` of a known shape: it places positions and cache slots on the "
+                "host. Call the model directly, or compile it with `run_eagerly=True` before fit, predict or "
+                f"evaluate. Received: token_ids.shape={tuple(token_ids.shape)}"
+            )
         valid_new = np.ones((B, T), bool) if attention_mask is None else np.asarray(ops.convert_to_numpy(attention_mask)).astype(bool)
         if valid_new.shape != (B, T):
             raise ValueError(
