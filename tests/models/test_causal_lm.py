@@ -220,6 +220,24 @@ def test_quantizing_after_a_cached_call_reaches_the_cached_call_too(tied):
     np.testing.assert_allclose(cached(), after, atol=1e-5)
 
 
+
+def test_predict_gives_the_call_or_is_refused_naming_the_shape():
+    """tensorflow's predict retraces `call` for any batch size (None) once a second size comes, where
+    the host bookkeeping of positions and masks failed with numpy's "'NoneType' object cannot be
+    interpreted as an integer" (fit and evaluate trace so from the start). It is refused naming
+    `token_ids` and the way out; compiled to run eagerly, predict gives the call's logits, as it does
+    on torch and jax."""
+    lm = CausalLM(vocab_size=30, n=1, d_model=16, h=4, d_ff=32, num_kv_heads=2)
+    ids = np.array([[3, 4, 5, 6], [9, 8, 7, 6], [1, 2, 3, 4]], "int32")
+    want = to_numpy(lm(ids))
+    if BACKEND == "tensorflow":
+        lm.predict(ids, verbose=0)  # traced for (3, 4)
+        with pytest.raises(ValueError, match=r"known shape.*run_eagerly=True.*token_ids.shape=\(None, 4\)"):
+            lm.predict(ids[:2], verbose=0)  # retraced for (None, 4)
+        lm.compile(run_eagerly=True)
+    for rows in (3, 2):
+        np.testing.assert_allclose(lm.predict(ids[:rows], verbose=0), want[:rows], atol=1e-5)
+
 def test_out_of_range_ids_are_refused_before_the_cache_moves(pair):
     _, lm = pair
     cache = lm.model.new_cache(1, 8)

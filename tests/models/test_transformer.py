@@ -83,6 +83,30 @@ def test_tied_weights_share_the_decoder_token_embedding(rng):
             np.testing.assert_allclose(after[..., unused], before[..., unused], atol=1e-6)
 
 
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_tied_logits_of_a_quantized_model_read_the_dequantized_embeddings(rng, mode):
+    """`quantize` stores the token embeddings as integers and scales; the embedding's `embeddings`
+    property returns the integers as they are. Tied logits read them as E: 2560x the float logits
+    (int8), 172x (int4). They must be y E_q^T + b, E_q the table the quantized lookups read."""
+    model = make_model(tie_weights=True)
+    src, tgt = source_ids(rng), target_ids(rng)
+    before = to_numpy(model((src, tgt)))
+    model.quantize(mode)
+    after = to_numpy(model((src, tgt)))
+    embedding = model.decoder.pos_encoding.token_embedding
+    assert embedding.quantization_mode == mode
+    if mode == "int8":  # Keras's int8 lookup: the integer row divided by its scale
+        table = to_numpy(embedding._embeddings).astype("float64") / to_numpy(embedding.embeddings_scale)[:, None]
+    else:
+        table = to_numpy(embedding(np.arange(TGT_VOCAB))).astype("float64")
+    encoder_output, source_mask = model.encode(src)
+    y = to_numpy(model.decoder(tgt, encoder_output, None, source_mask)).astype("float64")
+    np.testing.assert_allclose(after, y @ table.T + to_numpy(model.output_bias), atol=1e-4)
+    bound = {"int8": 0.1, "int4": 0.5}[mode]  # 4 bits on 8-wide rows round coarsely
+    assert np.abs(after - before).max() < bound * np.abs(before).max()  # rounding, not integers read as E
+
+
 @pytest.mark.parametrize("tie_weights", [False, True], ids=["untied", "tied"])
 def test_config_and_keras_file_round_trips(rng, tmp_path, tie_weights):
     model = make_model(rate=0.1, norm_first=tie_weights, activation="gelu", epsilon=1e-5, tie_weights=tie_weights)

@@ -19,6 +19,17 @@ from attnkit.layers.sinusoidal_position_encoding import SinusoidalPositionEncodi
 POSITION_KINDS = ("sinusoidal", "learned")
 
 
+def embedding_table(embedding, dtype):
+    """E (V, d_model) of a `keras.layers.Embedding` in `dtype`, as its lookups read it: what a tied
+    output projection multiplies by. A quantized embedding (Keras's `quantize`) stores integers and
+    scales, which its `embeddings` property returns as they are (int8 values read as E gave logits
+    thousands of times too large); its rows are dequantized by looking every id up, which the layer
+    does exactly for each of its modes (docs/decisions.md item 90)."""
+    if embedding.quantization_mode is None:
+        return ops.cast(embedding.embeddings, dtype)  # LoRA included, by the property
+    return ops.cast(embedding(ops.arange(embedding.input_dim, dtype="int32")), dtype)
+
+
 @keras.saving.register_keras_serializable(package="attnkit")
 class PositionEmbeddingFixedWeights(CheckedCall, keras.layers.Layer):
     """Embeds token ids and adds their positions: the input stage of the Transformer encoder.

@@ -24,6 +24,7 @@ from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
 from attnkit.layers.kv_cache import KVCache, keep_mask
+from attnkit.layers.position_embedding import embedding_table
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.models import _torch_decoding
 from attnkit.ops import _fused
@@ -152,6 +153,14 @@ class CausalLM(CheckedCall, keras.Model):
                 f"`attention_layer` must be None, a layer index in [0, {self.n}) or \"all\". Received: attention_layer={attention_layer!r}"
             )
         B, T = token_ids.shape
+        if B is None or T is None:
+            # Positions, masks and the cache's slots are worked out on the host from the shape: a
+            # tf.function traced for any batch (tensorflow's fit/predict/evaluate) cannot give them.
+            raise ValueError(
+                "`CausalLM` needs `token_ids` of a known shape: it places positions and cache slots on the "
+                "host. Call the model directly, or compile it with `run_eagerly=True` before fit, predict or "
+                f"evaluate. Received: token_ids.shape={tuple(token_ids.shape)}"
+            )
         valid_new = np.ones((B, T), bool) if attention_mask is None else np.asarray(ops.convert_to_numpy(attention_mask)).astype(bool)
         if valid_new.shape != (B, T):
             raise ValueError(
@@ -203,18 +212,10 @@ class CausalLM(CheckedCall, keras.Model):
             x = x[:, -1:]  # (B, 1, d_model)
         x = call_sublayer(self.final_norm, x)
         if self.lm_head is None:
-            logits = _fused.times_transposed(x, self._tied_vocabulary(x.dtype))  # (B, T, V)
+            logits = _fused.times_transposed(x, embedding_table(self.embedding, x.dtype))  # (B, T, V)
         else:
             logits = call_sublayer(self.lm_head, x)
         return ops.cast(logits, "float32"), weights
-
-    def _tied_vocabulary(self, dtype):
-        """E (V, d_model) in `dtype`, as the embedding's lookups read it. A quantized embedding (Keras's
-        `quantize`) stores integers and scales: its rows are dequantized by looking every id up,
-        which the layer does exactly for each of its modes, instead of reading the integers as E."""
-        if self.embedding.quantization_mode is None:
-            return ops.cast(self.embedding.embeddings, dtype)  # LoRA included, by the property
-        return ops.cast(self.embedding(ops.arange(self.vocab_size, dtype="int32")), dtype)
 
     def _compiled_call(self, token_ids, cos, sin, keeps, causals, cache, start, last_only):
         """jax and tensorflow: a cached call as one compiled program (`jax.jit`, `tf.function`), the cache's

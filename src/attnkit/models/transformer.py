@@ -14,6 +14,7 @@ from attnkit.layers._sublayer import in_own_scope
 from attnkit.layers.decoder import Decoder
 from attnkit.layers.encoder import Encoder
 from attnkit.layers.linear import Linear
+from attnkit.layers.position_embedding import embedding_table
 
 STACK_SIZES = ("h", "d_k", "d_v", "d_model", "d_ff", "n", "rate")  # the stacks' own names, checked by them
 
@@ -119,8 +120,8 @@ class Transformer(CheckedCall, keras.Model):
                 "`build(source_shape, target_shape)`, first."
             )
         if self.tie_weights:
-            embeddings = self.decoder.token_embeddings  # (V, d_model)
-            logits = ops.matmul(y, ops.cast(ops.transpose(embeddings), y.dtype)) + ops.cast(self.output_bias, y.dtype)
+            embeddings = embedding_table(self.decoder.pos_encoding.token_embedding, y.dtype)  # (V, d_model), dequantized
+            logits = ops.matmul(y, ops.transpose(embeddings)) + ops.cast(self.output_bias, y.dtype)
         else:
             logits = self.model_last_layer(y)
         # Under mixed precision the softmax cross-entropy wants float32 logits.
