@@ -7,6 +7,7 @@ tokenizer (the embedded MiniLM's) or a byte-level BPE one trained here for RoBER
 
 import json
 import os
+import shutil
 import zlib
 
 import numpy as np
@@ -157,3 +158,21 @@ def reference_hidden(directory, texts):
 
 def max_difference(a, b):
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def copy_checkpoint(source, destination):
+    """A copy of a cached checkpoint directory, for a test to edit."""
+    return shutil.copytree(source, destination)
+
+
+def edit_json(file, **changes):
+    """Sets fields of a JSON file (a value of None removes the field)."""
+    with open(file) as f:
+        data = json.load(f)
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    with open(file, "w") as f:
+        json.dump(data, f)

@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
-from checkpoint_fixtures import FAMILIES, TEXTS, max_difference, reference_hidden
+from checkpoint_fixtures import FAMILIES, TEXTS, copy_checkpoint, edit_json, max_difference, reference_hidden
 
 import attnkit
 from attnkit import cli
@@ -19,22 +19,6 @@ from attnkit.models import export
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-
-
-def _copy(source, destination):
-    return shutil.copytree(source, destination)
-
-
-def _edit_json(file, **changes):
-    with open(file) as f:
-        data = json.load(f)
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    with open(file, "w") as f:
-        json.dump(data, f)
 
 
 def _quiet_hidden(encoder, texts):
@@ -49,8 +33,8 @@ def _quiet_hidden(encoder, texts):
     (3, r"16 tensors that .*config.json implies are missing: 'encoder.layer.2.attention.self.query.weight \(24, 24\)'"),
 ])
 def test_config_and_weights_that_disagree_on_the_layers_are_refused(checkpoints, tmp_path, layers, message):
-    path = _copy(checkpoints.base("bert"), tmp_path / "model")
-    _edit_json(path / "config.json", num_hidden_layers=layers)
+    path = copy_checkpoint(checkpoints.base("bert"), tmp_path / "model")
+    edit_json(path / "config.json", num_hidden_layers=layers)
     with pytest.raises(ValueError, match=message):
         attnkit.load_pretrained(path)
 
@@ -58,7 +42,7 @@ def test_config_and_weights_that_disagree_on_the_layers_are_refused(checkpoints,
 def test_an_unknown_stored_tensor_is_refused_by_name(checkpoints, tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    path = _copy(checkpoints.base("distilbert"), tmp_path / "model")
+    path = copy_checkpoint(checkpoints.base("distilbert"), tmp_path / "model")
     weights = load_file(path / "model.safetensors")
     weights["transformer.layer.0.attention.rotary.weight"] = np.zeros(3, np.float32)
     save_file(weights, path / "model.safetensors")
@@ -69,7 +53,7 @@ def test_an_unknown_stored_tensor_is_refused_by_name(checkpoints, tmp_path):
 def test_half_a_pooler_is_refused_by_name(checkpoints, tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    path = _copy(checkpoints.base("bert"), tmp_path / "model")
+    path = copy_checkpoint(checkpoints.base("bert"), tmp_path / "model")
     weights = load_file(path / "model.safetensors")
     del weights["pooler.dense.bias"]
     save_file(weights, path / "model.safetensors")
@@ -106,8 +90,8 @@ def test_task_checkpoints_load_their_encoder(checkpoints, tmp_path, head, family
     ("bert", {"model_type": None, "architectures": ["GPT2Model"]}, r"no `model_type`, and neither `architectures` nor"),
 ])
 def test_what_attnkit_lacks_is_refused_by_name(checkpoints, tmp_path, family, changes, message):
-    path = _copy(checkpoints.base(family), tmp_path / "model")
-    _edit_json(path / "config.json", **changes)
+    path = copy_checkpoint(checkpoints.base(family), tmp_path / "model")
+    edit_json(path / "config.json", **changes)
     with pytest.raises(ValueError, match=message):
         attnkit.load_pretrained(path)
 
@@ -119,8 +103,8 @@ def test_what_attnkit_lacks_is_refused_by_name(checkpoints, tmp_path, family, ch
 ])
 def test_configs_without_model_type(checkpoints, tmp_path, family, changes):
     original = attnkit.load_pretrained(checkpoints.base(family))
-    path = _copy(checkpoints.base(family), tmp_path / "model")
-    _edit_json(path / "config.json", **changes)
+    path = copy_checkpoint(checkpoints.base(family), tmp_path / "model")
+    edit_json(path / "config.json", **changes)
     encoder = attnkit.load_pretrained(path)
     assert encoder.family is original.family
     np.testing.assert_array_equal(_quiet_hidden(encoder, TEXTS), _quiet_hidden(original, TEXTS))
@@ -143,7 +127,7 @@ def test_pytorch_weights_without_torch_are_refused_clearly(checkpoints, monkeypa
 
 
 def test_a_missing_shard_is_named(checkpoints, tmp_path):
-    path = _copy(checkpoints.base("electra", "sharded"), tmp_path / "model")
+    path = copy_checkpoint(checkpoints.base("electra", "sharded"), tmp_path / "model")
     with open(path / "model.safetensors.index.json") as f:
         shard = sorted(set(json.load(f)["weight_map"].values()))[-1]
     os.remove(path / shard)
@@ -153,7 +137,7 @@ def test_a_missing_shard_is_named(checkpoints, tmp_path):
 
 @pytest.mark.parametrize("module_type", ["sentence_transformers.models.LayerNorm", "my_package.CustomPooling"])
 def test_an_unknown_module_is_refused_by_name(checkpoints, tmp_path, module_type):
-    path = _copy(checkpoints.sentence("bert", "mean", normalize=True), tmp_path / "model")
+    path = copy_checkpoint(checkpoints.sentence("bert", "mean", normalize=True), tmp_path / "model")
     with open(path / "modules.json") as f:
         modules = json.load(f)
     modules[-1]["type"] = module_type
@@ -164,8 +148,8 @@ def test_an_unknown_module_is_refused_by_name(checkpoints, tmp_path, module_type
 
 
 def test_an_unknown_dense_activation_is_refused_by_name(checkpoints, tmp_path):
-    path = _copy(checkpoints.sentence("bert", "mean", dense="Tanh"), tmp_path / "model")
-    _edit_json(path / "2_Dense" / "config.json", activation_function="torch.nn.modules.activation.Softplus")
+    path = copy_checkpoint(checkpoints.sentence("bert", "mean", dense="Tanh"), tmp_path / "model")
+    edit_json(path / "2_Dense" / "config.json", activation_function="torch.nn.modules.activation.Softplus")
     with pytest.raises(ValueError, match=r"activation_function 'torch.nn.modules.activation.Softplus' is not supported"):
         attnkit.load_pretrained(path)
 
@@ -183,15 +167,15 @@ def _limits(path):
     ({}, 512, 40),  # ... capped at max_position_embeddings
 ])
 def test_maximum_length_follows_sentence_transformers(checkpoints, tmp_path, sentence_config, tokenizer_limit, expected):
-    path = _copy(checkpoints.sentence("bert", "mean"), tmp_path / "model")
+    path = copy_checkpoint(checkpoints.sentence("bert", "mean"), tmp_path / "model")
     with open(path / "sentence_bert_config.json", "w") as f:
         json.dump(sentence_config, f)
-    _edit_json(path / "tokenizer_config.json", model_max_length=tokenizer_limit)
+    edit_json(path / "tokenizer_config.json", model_max_length=tokenizer_limit)
     assert _limits(path) == (expected, expected)
 
 
 def test_without_modules_json_sentence_bert_config_is_not_read(checkpoints, tmp_path):
-    path = _copy(checkpoints.base("bert"), tmp_path / "model")
+    path = copy_checkpoint(checkpoints.base("bert"), tmp_path / "model")
     with open(path / "sentence_bert_config.json", "w") as f:
         json.dump({"max_seq_length": 10}, f)
     assert _limits(path) == (40, 40)
@@ -200,7 +184,7 @@ def test_without_modules_json_sentence_bert_config_is_not_read(checkpoints, tmp_
 
 
 def test_a_maximum_length_past_the_positions_refuses_long_texts(checkpoints, tmp_path):
-    path = _copy(checkpoints.sentence("roberta", "cls"), tmp_path / "model")
+    path = copy_checkpoint(checkpoints.sentence("roberta", "cls"), tmp_path / "model")
     with open(path / "sentence_bert_config.json", "w") as f:
         json.dump({"max_seq_length": 100}, f)
     encoder = attnkit.load_pretrained(path)
@@ -213,8 +197,8 @@ def test_a_maximum_length_past_the_positions_refuses_long_texts(checkpoints, tmp
 def test_do_lower_case_lowercases_as_sentence_transformers_does(checkpoints, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    path = _copy(checkpoints.sentence("roberta", "mean"), tmp_path / "model")  # a cased BPE tokenizer
-    _edit_json(path / "sentence_bert_config.json", do_lower_case=True)
+    path = copy_checkpoint(checkpoints.sentence("roberta", "mean"), tmp_path / "model")  # a cased BPE tokenizer
+    edit_json(path / "sentence_bert_config.json", do_lower_case=True)
     texts = ["THE CAT Sat", "Hello World"]
     reference = SentenceTransformer(str(path), device="cpu").tokenize(texts)
     token_ids, mask, _ = attnkit.load_pretrained(path).tokenize(texts)
@@ -297,7 +281,7 @@ def test_export_of_a_half_precision_checkpoint_says_its_float32_weights(checkpoi
     import torch
     import transformers
 
-    path = _copy(checkpoints.base("bert"), tmp_path / "model")
+    path = copy_checkpoint(checkpoints.base("bert"), tmp_path / "model")
     model = transformers.AutoModel.from_pretrained(path, dtype=torch.float16)
     model.save_pretrained(path)  # float16 weights, config.json "dtype": "float16"
     with open(os.path.join(path, "config.json")) as f:

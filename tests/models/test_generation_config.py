@@ -92,10 +92,11 @@ def test_options_given_override_the_file(saved, tmp_path):
     (dict(suppress_tokens=[5]), r"`suppress_tokens` \[5\] is not supported"),
     (dict(min_new_tokens=2), r"`min_new_tokens` 2 is not supported"),
     (dict(forced_eos_token_id=2), r"`forced_eos_token_id` 2 is not supported"),
-    (dict(do_sample=True, temperature=0), r"`temperature` must be a number > 0\. Received: temperature=0"),
+    (dict(do_sample=True, temperature=0), r"`temperature` must be a finite number > 0\. Received: temperature=0"),
     (dict(do_sample=True, top_p=1.5), r"`top_p` must be a number in \(0, 1\]\. Received: top_p=1.5"),
     (dict(do_sample="true"), r"`do_sample` must be a boolean\. Received: do_sample='true'"),
-    (dict(repetition_penalty=0), r"`repetition_penalty` must be a number > 0\. Received: repetition_penalty=0"),
+    (dict(repetition_penalty=0), r"`repetition_penalty` must be a finite number > 0\. Received: repetition_penalty=0"),
+    (dict(repetition_penalty=float("inf")), r"`repetition_penalty` must be a finite number > 0\. Received: repetition_penalty=inf"),
 ])
 def test_what_would_change_the_tokens_and_is_not_implemented_is_refused_by_name(saved, tmp_path, fields, match):
     with pytest.raises(ValueError, match=match):

@@ -51,13 +51,13 @@ def read_generation_defaults(path):
                              "(remove the field, or set it to null, to generate without it)")
     do_sample = _get(file, settings, "do_sample", lambda v: isinstance(v, bool), "a boolean", False)
     defaults = {}
-    penalty = _get(file, settings, "repetition_penalty", lambda v: _number(v) and v > 0, "a number > 0", 1.0)
+    penalty = _get(file, settings, "repetition_penalty", lambda v: _number(v) and v > 0, "a finite number > 0", 1.0)
     if penalty != 1:
         defaults["repetition_penalty"] = float(penalty)
     if not do_sample:
         defaults["temperature"] = 0.0
         return defaults
-    defaults["temperature"] = float(_get(file, settings, "temperature", lambda v: _number(v) and v > 0, "a number > 0", 1.0))
+    defaults["temperature"] = float(_get(file, settings, "temperature", lambda v: _number(v) and v > 0, "a finite number > 0", 1.0))
     top_k = _get(file, settings, "top_k", lambda v: _integer(v) and v >= 0, "an integer >= 0", 50)
     defaults["top_k"] = top_k or None  # 0: no top-k filter, as in transformers
     top_p = _get(file, settings, "top_p", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]", 1.0)
@@ -72,7 +72,7 @@ def _neutral(value, neutral):
 
 
 def _number(v):
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v == v
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and abs(v) < float("inf")  # NaN compares False
 
 
 def _integer(v):
