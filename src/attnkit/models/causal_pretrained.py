@@ -5,6 +5,9 @@ text out.
     lm.chat("What is the capital of France?")            # 'The capital of France is Paris.'
     for piece in lm.stream_chat("Tell me a joke."): print(piece, end="")
     lm.generate(["Once upon", "The sky is"], max_new_tokens=16)
+    lm.generate("Once upon", temperature=0.7, top_p=0.9, repetition_penalty=1.2, seed=0)
+    lm.generation_defaults                                # a directory's generation_config.json, e.g.
+                                                          # {"temperature": 0.7, "top_k": 20, "top_p": 0.8}
 
 Legend: B prompts, T tokens, h heads, V vocabulary.
 """
