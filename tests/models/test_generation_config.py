@@ -114,3 +114,16 @@ def test_the_commands_sampling_options_default_to_the_model():
     assert "temperature" not in cli_generation._options(args) and "top_k" not in cli_generation._options(args)
     args = build_parser().parse_args(["generate", "hi", "--temperature", "0", "--top-k", "3"])
     assert cli_generation._options(args)["temperature"] == 0 and cli_generation._options(args)["top_k"] == 3
+
+
+@pytest.mark.parametrize("file, text, match", [
+    ("generation_config.json", "{not json", r"generation_config.json: not valid JSON"),
+    ("generation_config.json", "[1, 2]", r"generation_config.json: expected a JSON object\. Received: list"),
+    ("tokenizer_config.json", "[1, 2]", r"tokenizer_config.json: expected a JSON object\. Received: list"),  # was AttributeError
+    ("config.json", "{not json", r"config.json: not valid JSON"),
+])
+def test_a_json_file_that_is_not_an_object_is_refused_naming_it(saved, tmp_path, file, text, match):
+    path = _with_generation_config(saved, tmp_path)
+    (tmp_path / "model" / file).write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_causal_lm(path)

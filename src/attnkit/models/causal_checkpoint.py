@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from attnkit.models.causal_lm import CausalLM
+from attnkit.models.checkpoints._json import read_json
 from attnkit.models.generation_config import read_generation_defaults
 from attnkit.ops.rotary import check_rope_scaling
 
@@ -277,10 +278,7 @@ def read_hf_config(path):
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         raise FileNotFoundError(f"No config.json in {path}")
-    with open(file, encoding="utf-8") as f:
-        config = json.load(f)
-    if not isinstance(config, dict):
-        raise ValueError(f"{file}: expected a JSON object. Received: {type(config).__name__}")
+    config = read_json(file)
     model_arguments(config, file)  # refuses unsupported fields before the weights are read
     return config
 
@@ -291,8 +289,7 @@ def read_hf_weights(path):
 
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise ValueError(f"{index}: `weight_map` must be an object of tensor names to shard files. Received: {weight_map!r}")
         files = sorted(set(weight_map.values()))
@@ -340,11 +337,8 @@ def read_hf_tokenizer(path, config):
 
     file = os.path.join(path, "tokenizer.json")
     tokenizer = Tokenizer.from_file(file) if os.path.isfile(file) else None
-    settings = {}
     settings_file = os.path.join(path, "tokenizer_config.json")
-    if os.path.isfile(settings_file):
-        with open(settings_file, encoding="utf-8") as f:
-            settings = json.load(f)
+    settings = read_json(settings_file, required=False) or {}
     template = _default_template(settings.get("chat_template"), settings_file)
     jinja = os.path.join(path, "chat_template.jinja")
     if os.path.isfile(jinja):
@@ -357,10 +351,8 @@ def read_hf_tokenizer(path, config):
     ids = "a token id (an integer >= 0) or a list of them"
     eos = _field(os.path.join(path, "config.json"), config, "eos_token_id", ids, None, nullable=True)
     generation = os.path.join(path, "generation_config.json")
-    if os.path.isfile(generation):
-        with open(generation, encoding="utf-8") as f:
-            generation_settings = json.load(f)
-        if "eos_token_id" in generation_settings:  # null here overrides config.json: no stop token
-            eos = _field(generation, generation_settings, "eos_token_id", ids, None, nullable=True)
+    generation_settings = read_json(generation, required=False) or {}
+    if "eos_token_id" in generation_settings:  # null here overrides config.json: no stop token
+        eos = _field(generation, generation_settings, "eos_token_id", ids, None, nullable=True)
     stop_ids = [] if eos is None else ([int(eos)] if not isinstance(eos, list) else [int(i) for i in eos])
     return tokenizer, template, special, stop_ids

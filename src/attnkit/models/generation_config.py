@@ -12,9 +12,10 @@ fields (`max_length`, `max_new_tokens`) are not read: how long to generate is th
 `max_new_tokens`, attnkit's own default.
 """
 
-import json
 import numbers
 import os
+
+from attnkit.models.checkpoints._json import read_json
 
 # Fields of transformers' GenerationConfig that change which tokens come out, with their neutral
 # values besides null, an empty list and an empty object.
@@ -38,12 +39,9 @@ def read_generation_defaults(path):
             file and the field.
     """
     file = os.path.join(path, "generation_config.json")
-    if not os.path.isfile(file):
+    settings = read_json(file, required=False)
+    if settings is None:
         return {}
-    with open(file, encoding="utf-8") as f:
-        settings = json.load(f)
-    if not isinstance(settings, dict):
-        raise ValueError(f"{file}: expected a JSON object. Received: {type(settings).__name__}")
     for key, neutral in _UNSUPPORTED.items():
         value = settings.get(key)
         if value is not None and not _neutral(value, neutral):
