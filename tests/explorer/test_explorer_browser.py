@@ -441,3 +441,44 @@ def test_a_text_of_several_lines_is_explored_as_written(page, serve, tiny_source
     page.press("#text", "Enter")  # explores
     page.wait_for_function("() => Number(document.body.dataset.renders || 0) > 2")
     assert page_data(page)["text"] == "the dog\nran"
+
+
+def test_a_token_that_reverses_text_stays_in_its_place_on_the_generation_line(page, tmp_path):
+    """A generated U+202E (right-to-left override) drew every later token of the generation line right to
+    left: "ef" showed after "gh". Each token's span is now its own bidirectional island."""
+    import numpy as np
+
+    from attnkit.explorer.contract import Attention, Steps, make_data
+    from attnkit.explorer.page import render_page
+
+    prompt, labels = ["ab", "cd"], ["\u202e", "ef", "gh"]
+    read = prompt + labels[:-1]  # the last token generated is never read
+    T = len(read)
+    weights = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    data = make_data(model="m", source="causal-lm", text="abcd", tokens=prompt,
+                     attention=[Attention("self", read, read, weights[None, None], stepwise=True, causal=True)],
+                     steps=Steps(labels, [2, 3, 4]), output="".join(labels))
+    out = tmp_path / "bidi.html"
+    out.write_text(render_page({"model": "m", "source": "causal-lm"}, data=data), encoding="utf-8")
+    page.goto(out.as_uri())
+    set_step(page, 2)
+    spans = page.eval_on_selector_all(
+        "#generation span", "ss => ss.map(s => [s.textContent, s.getBoundingClientRect().left])")
+    assert [text for text, _ in spans] == prompt + labels
+    lefts = [left for text, left in spans if text != "\u202e"]
+    assert lefts == sorted(lefts), spans
+
+
+def test_the_page_calls_blank_what_the_server_calls_blank(page, serve, tiny_source):
+    """The page tested blank text with JavaScript's trim(), which drops U+FEFF where Python's strip (the
+    server's test) keeps it: a text the server explores was refused in the page as empty."""
+    page.goto(serve(tiny_source).url)
+    explore(page, "\ufeff")
+    assert page.is_visible("#views")
+    assert page_data(page)["tokens"] == json.loads(to_json(tiny_source.attention("\ufeff")))["tokens"]
+    for blank in ("\x1c\x85 ", "\u3000\t"):  # blank in Python, so in the page too, which never asks the server
+        page.fill("#text", blank)
+        page.click("#run")
+        assert page.text_content("#message") == "The text is empty: type a sentence to see its attention."
+        assert page.get_attribute("#message", "class") == "empty"
+        assert page.is_hidden("#views")
