@@ -104,6 +104,7 @@ def _rebuilt(path, file):
             name = tokenizer_class.resolve_class(settings, _read_json(os.path.join(path, CONFIG_FILE), required=False) or {})
         else:  # vocab.txt: a WordPiece vocabulary, which transformers reads with BertTokenizer
             data, name = json.loads(BertWordPieceTokenizer(file).to_str()), "BertTokenizer"
+            data["added_tokens"] = []  # BertWordPieceTokenizer's own; transformers adds the tokenizer_config.json's
         return tokenizer_class.rebuild(data, name, settings, (file, settings_file))
     except ValueError as e:
         if str(e).startswith(path):
