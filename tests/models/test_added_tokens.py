@@ -159,3 +159,68 @@ def test_malformed_added_tokens_are_refused_by_field(base, tmp_path, change, mat
     _edit(path / "tokenizer_config.json", change)
     with pytest.raises(ValueError, match=r"tokenizer_config\.json: " + match):
         read_tokenizer(str(path))
+
+
+BPE_CORPUS = ["the cat sat on the mat", "hello world", "café naïve 東京 😍", "def f(x): return x+1"] * 3
+CAUSAL_PIECES = ["hello", " world", "cat", "mat", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool>", "<extra>",
+                 "catalogue", " Cat", "\n", "  ", "\t", "é", "東京", "😍", "\x00", "\u200b"]
+CAUSAL_TEXTS = st.lists(st.sampled_from(CAUSAL_PIECES) | st.text(max_size=3), max_size=12).map("".join)
+
+
+@pytest.fixture(scope="module")
+def causal(tmp_path_factory):
+    """(attnkit's causal tokenizer, AutoTokenizer) of a byte-level BPE directory (run as it is) whose
+    tokenizer_config.json adds tokens the tokenizer.json does not have (transformers 4 style)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from attnkit.models.causal_checkpoint import read_hf_tokenizer
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(BPE_CORPUS, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    path = tmp_path_factory.mktemp("causal") / "model"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>").save_pretrained(path)
+
+    def change(data):
+        flags = dict(lstrip=False, rstrip=False, single_word=False)
+        data["added_tokens_decoder"] = {
+            "0": {"content": "<|endoftext|>", "normalized": False, "special": True, **flags},
+            "400": {"content": "<tool>", "normalized": False, "special": True, **flags},  # gets the next free id
+            "401": {"content": "cat", "normalized": True, "special": False, **flags},  # matched inside "catalogue"
+        }
+        data["extra_special_tokens"] = ["<extra>", "<|im_start|>"]
+        data["tokenizer_class"] = "PreTrainedTokenizerFast"
+
+    _edit(path / "tokenizer_config.json", change)
+    return read_hf_tokenizer(str(path), {})[0], transformers.AutoTokenizer.from_pretrained(str(path))
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=CAUSAL_TEXTS)
+def test_a_causal_tokenizer_adds_tokenizer_config_tokens_as_transformers(causal, text):
+    ours, reference = causal
+    expected = reference(text, return_offsets_mapping=True)
+    encoding = ours.encode(text)
+    assert encoding.ids == expected["input_ids"]
+    assert [tuple(o) for o in encoding.offsets] == [tuple(o) for o in expected["offset_mapping"]]
+    for skip in (True, False):
+        assert ours.decode(encoding.ids, skip_special_tokens=skip) == reference.decode(
+            expected["input_ids"], skip_special_tokens=skip)
+
+
+def test_a_llama_tokenizer_class_over_a_sentencepiece_file_is_refused(tmp_path):
+    # transformers 5 rebuilds it with a Metaspace pre-tokenizer: " two" and a text after "</s>" get other ids
+    from tokenizers import Tokenizer, models, normalizers
+
+    from attnkit.models.causal_checkpoint import read_hf_tokenizer
+
+    tokenizer = Tokenizer(models.BPE({"<unk>": 0, "<s>": 1, "</s>": 2, "▁": 3}, [], byte_fallback=True))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizerFast", "legacy": false}')
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json: tokenizer_class 'LlamaTokenizerFast': transformers "
+                                         r"rebuilds tokenizer\.json \(not byte-level\)"):
+        read_hf_tokenizer(str(tmp_path), {})
