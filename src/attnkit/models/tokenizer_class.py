@@ -14,6 +14,8 @@ the same rebuild with `tokenizers` only, for the classes attnkit's encoder famil
     PreTrainedTokenizerFast, TokenizersBackend             tokenizer.json as it is
 
 Any other class is refused: its `__init__` would rebuild the file in ways not replicated here.
+A rebuilt class starts without the file's added tokens; `added_tokens.add_tokens` then adds those
+transformers adds (tokenizer_config.json's added_tokens_decoder, special tokens, extra special tokens).
 """
 
 import json
