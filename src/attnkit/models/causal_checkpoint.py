@@ -331,14 +331,38 @@ def _default_template(template, file):
     return named["default"]
 
 
+def _check_tokenizer_class(settings, file, settings_file):
+    """Refuses a tokenizer.json that transformers 5 rebuilds rather than runs: LlamaTokenizer keeps only
+    its vocabulary and merges and builds a Metaspace pipeline whose prefix space (`legacy`,
+    `add_prefix_space`) differs from a sentencepiece-converted file's normalizer (a text that starts
+    with a space, a text after a special token). A byte-level file it runs as it is, as here."""
+    name = settings.get("tokenizer_class")
+    if isinstance(name, str) and name.removesuffix("Fast") in ("LlamaTokenizer", "CodeLlamaTokenizer"):
+        with open(file, encoding="utf-8") as f:
+            if '"ByteLevel"' not in f.read():
+                raise ValueError(
+                    f"{settings_file}: tokenizer_class {name!r}: transformers rebuilds {os.path.basename(file)} "
+                    "(not byte-level) with that class's Metaspace pipeline, which attnkit does not replicate "
+                    "(other token ids); it runs tokenizer.json as it is for PreTrainedTokenizerFast"
+                )
+
+
 def read_hf_tokenizer(path, config):
     """(tokenizer or None, chat template or None, special tokens, stop ids) of a Hugging Face directory."""
     from tokenizers import Tokenizer
 
+    from attnkit.models import added_tokens
+
     file = os.path.join(path, "tokenizer.json")
-    tokenizer = Tokenizer.from_file(file) if os.path.isfile(file) else None
     settings_file = os.path.join(path, "tokenizer_config.json")
     settings = read_json(settings_file, required=False) or {}
+    tokenizer = None
+    if os.path.isfile(file):
+        _check_tokenizer_class(settings, file, settings_file)
+        tokenizer = Tokenizer.from_file(file)
+        # run as it is, with the added and special tokens transformers adds from tokenizer_config.json
+        added_tokens.add_tokens(tokenizer, settings, file_tokens=json.loads(tokenizer.to_str()).get("added_tokens") or [],
+                                defaults={}, path=path, settings_file=settings_file)
     template = _default_template(settings.get("chat_template"), settings_file)
     jinja = os.path.join(path, "chat_template.jinja")
     if os.path.isfile(jinja):

@@ -32,7 +32,9 @@ def read_tokenizer(path, *, vocab_size=None, lowercase=False):
     `strip_accents` (null: strip when lowercasing; true: strip; false: keep),
     `tokenize_chinese_chars` (default true: a CJK character is a word of its own), and the
     [CLS] / [SEP] tokens; RobertaTokenizer and XLMRobertaTokenizer: `add_prefix_space`. A class whose
-    rebuild attnkit does not replicate is refused.
+    rebuild attnkit does not replicate is refused. Added and special tokens are those transformers adds
+    from tokenizer_config.json (`added_tokens`: added_tokens_decoder, the special tokens,
+    extra_special_tokens, split_special_tokens).
 
     Padding and truncation stored in the file are switched off: the caller pads each batch to its
     longest sequence and truncates at the model's maximum length.
@@ -104,6 +106,7 @@ def _rebuilt(path, file):
             name = tokenizer_class.resolve_class(settings, _read_json(os.path.join(path, CONFIG_FILE), required=False) or {})
         else:  # vocab.txt: a WordPiece vocabulary, which transformers reads with BertTokenizer
             data, name = json.loads(BertWordPieceTokenizer(file).to_str()), "BertTokenizer"
+            data["added_tokens"] = []  # BertWordPieceTokenizer's own; transformers adds the tokenizer_config.json's
         return tokenizer_class.rebuild(data, name, settings, (file, settings_file))
     except ValueError as e:
         if str(e).startswith(path):

@@ -14,10 +14,14 @@ the same rebuild with `tokenizers` only, for the classes attnkit's encoder famil
     PreTrainedTokenizerFast, TokenizersBackend             tokenizer.json as it is
 
 Any other class is refused: its `__init__` would rebuild the file in ways not replicated here.
+A rebuilt class starts without the file's added tokens; `added_tokens.add_tokens` then adds those
+transformers adds (tokenizer_config.json's added_tokens_decoder, special tokens, extra special tokens).
 """
 
 import json
 import os
+
+from attnkit.models import added_tokens
 
 # AutoTokenizer's class for a model_type when no tokenizer_class is named (TOKENIZER_MAPPING_NAMES)
 _CLASS_OF_MODEL_TYPE = {"bert": "BertTokenizer", "distilbert": "BertTokenizer", "electra": "BertTokenizer",
@@ -41,15 +45,22 @@ def rebuild(data, name, settings, files):
     from tokenizers import Tokenizer
 
     if name is None or name in _AS_IS:
-        return Tokenizer.from_str(json.dumps(data))
-    builder = _BUILDERS.get(name)
-    if builder is None:
-        raise ValueError(
-            f"{files[1]}: tokenizer_class {name!r}: transformers rebuilds {os.path.basename(files[0])} with that "
-            f"class's own settings, which attnkit does not replicate; it loads {', '.join(sorted(_BUILDERS))} "
-            f"and {', '.join(_AS_IS[:2])} (tokenizer.json as it is)"
-        )
-    return builder(data, settings, files)
+        tokenizer, defaults = Tokenizer.from_str(json.dumps(data)), {}
+    else:
+        builder = _BUILDERS.get(name)
+        if builder is None:
+            raise ValueError(
+                f"{files[1]}: tokenizer_class {name!r}: transformers rebuilds {os.path.basename(files[0])} with that "
+                f"class's own settings, which attnkit does not replicate; it loads {', '.join(sorted(_BUILDERS))} "
+                f"and {', '.join(_AS_IS[:2])} (tokenizer.json as it is)"
+            )
+        # the class builds from the vocabulary alone; the added tokens come next, as transformers adds them
+        tokenizer = builder({**data, "added_tokens": []}, settings, files)
+        defaults = _BERT_TOKENS if builder is _bert else _ROBERTA_TOKENS
+    return added_tokens.add_tokens(
+        tokenizer, settings, file_tokens=data.get("added_tokens") or [], defaults=defaults,
+        path=os.path.dirname(files[1]), settings_file=files[1],
+    )
 
 
 def _bert(data, settings, files):
@@ -119,6 +130,10 @@ def _xlm_roberta(data, settings, files):
     return tokenizer
 
 
+# the special tokens of each class's __init__, which transformers adds when not in the vocabulary's added tokens
+_BERT_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+_ROBERTA_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>",
+                   "pad_token": "<pad>", "mask_token": "<mask>"}
 _BUILDERS = {"BertTokenizer": _bert, "DistilBertTokenizer": _bert, "ElectraTokenizer": _bert,
              "RobertaTokenizer": _roberta, "XLMRobertaTokenizer": _xlm_roberta}
 
@@ -172,7 +187,7 @@ def _vocab(data, kind, file):
 
 def _with_model(data, model, **parts):
     """A Tokenizer of `data` whose model is `model` (the class's settings) with `parts` (vocab, merges,
-    unk_id) from the file; added tokens kept as the file has them."""
+    unk_id) from the file."""
     from tokenizers import Tokenizer
 
     built = json.loads(Tokenizer(model).to_str())["model"]
