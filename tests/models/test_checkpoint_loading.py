@@ -86,7 +86,7 @@ def test_task_checkpoints_load_their_encoder(checkpoints, tmp_path, head, family
     ("distilbert", {"activation": "tanh"}, r"`activation` 'tanh' is not supported"),
     ("electra", {"is_decoder": True}, r"`is_decoder`=True \(a causal self-attention\) is not supported"),
     ("bert", {"add_cross_attention": True}, r"`add_cross_attention`=True \(cross-attention layers\) is not supported"),
-    ("electra", {"embedding_size": None}, r"`embedding_size` must be a positive integer. Received: embedding_size=None"),
+    ("electra", {"embedding_size": 0}, r"`embedding_size` must be a positive integer. Received: embedding_size=0"),
     ("bert", {"model_type": None, "architectures": ["GPT2Model"]}, r"no `model_type`, and neither `architectures` nor"),
 ])
 def test_what_attnkit_lacks_is_refused_by_name(checkpoints, tmp_path, family, changes, message):

@@ -7,6 +7,7 @@ item 27), the weight files (item 28), strict matching of config against weights 
 import os
 
 from attnkit.models.checkpoints import bert, distilbert, electra, roberta
+from attnkit.models.checkpoints.defaults import with_defaults
 from attnkit.models.checkpoints._json import read_json
 
 FAMILIES = (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, electra.FAMILY)
@@ -59,8 +60,8 @@ def read_config(path, overrides=()):
 
     Raises:
         FileNotFoundError: no config.json.
-        ValueError: not JSON, a family attnkit lacks (named), a field it cannot compute (named), a
-            missing or invalid size.
+        ValueError: not JSON, a family attnkit lacks (named), a field it cannot compute (named), an
+            invalid size. An absent field takes transformers' default (`defaults.CONFIG_DEFAULTS`).
     """
     file = os.path.join(path, CONFIG_FILE)
     config = read_json(file)
@@ -76,4 +77,5 @@ def read_config(path, overrides=()):
             f"{file}: model_type {model_type!r} is not supported; attnkit loads the encoder families "
             f"{', '.join(repr(t) for t in supported_model_types())}"
         )
-    return family, family.arguments(file, config), config
+    # Absent fields take transformers' defaults for the model_type (docs/decisions.md item 94).
+    return family, family.arguments(file, with_defaults(model_type, config)), config

@@ -8,9 +8,10 @@ A table entry is name -> (variable, transposed): torch's Linear stores (out, in)
 from attnkit.models.checkpoints import _fields
 
 
-def encoder_arguments(file, config, *, pad_default, embedding_size=None):
+def encoder_arguments(file, config, *, embedding_size=None):
     """A BertEncoder's keyword arguments from a BertConfig-style config.json (model_type bert,
-    roberta, xlm-roberta, electra); the fields attnkit does not compute are refused by name."""
+    roberta, xlm-roberta, electra) with its defaults filled in; the fields attnkit does not compute
+    are refused by name."""
     position_type = config.get("position_embedding_type", "absolute")
     if position_type != "absolute":
         raise ValueError(
@@ -23,18 +24,18 @@ def encoder_arguments(file, config, *, pad_default, embedding_size=None):
     d_model = _fields.positive_int(file, config, "hidden_size")
     h = _fields.positive_int(file, config, "num_attention_heads")
     d_k = _fields.heads_divide(file, d_model, h, "hidden_size", "num_attention_heads")
-    type_vocab_size = _fields.positive_int(file, config, "type_vocab_size", 2)
+    type_vocab_size = _fields.positive_int(file, config, "type_vocab_size")
     return dict(
         vocab_size=vocab_size,
         sequence_length=_fields.positive_int(file, config, "max_position_embeddings"),
         h=h, d_k=d_k, d_v=d_k, d_model=d_model,
         d_ff=_fields.positive_int(file, config, "intermediate_size"),
         n=_fields.positive_int(file, config, "num_hidden_layers"),
-        rate=_fields.dropout(file, config, "hidden_dropout_prob", 0.1),
+        rate=_fields.dropout(file, config, "hidden_dropout_prob"),
         type_vocab_size=type_vocab_size,
-        epsilon=_fields.epsilon(file, config, "layer_norm_eps", 1e-12),
-        activation=_fields.activation(file, config, "hidden_act", "gelu"),
-        pad_id=_fields.pad_id(file, config, vocab_size, pad_default),
+        epsilon=_fields.epsilon(file, config, "layer_norm_eps"),
+        activation=_fields.activation(file, config, "hidden_act"),
+        pad_id=_fields.pad_id(file, config, vocab_size),
         embedding_size=embedding_size,
     )
 

@@ -5,7 +5,7 @@ from attnkit.models.checkpoints.family import Family
 
 
 def arguments(file, config):
-    return _bert_layout.encoder_arguments(file, config, pad_default=0)
+    return _bert_layout.encoder_arguments(file, config)
 
 
 FAMILY = Family(

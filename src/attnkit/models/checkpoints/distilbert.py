@@ -20,11 +20,11 @@ def arguments(file, config):
         h=h, d_k=d_k, d_v=d_k, d_model=d_model,
         d_ff=_fields.positive_int(file, config, "hidden_dim"),
         n=_fields.positive_int(file, config, "n_layers"),
-        rate=_fields.dropout(file, config, "dropout", 0.1),
+        rate=_fields.dropout(file, config, "dropout"),
         type_vocab_size=0,
         epsilon=1e-12,
-        activation=_fields.activation(file, config, "activation", "gelu"),
-        pad_id=_fields.pad_id(file, config, vocab_size, 0),
+        activation=_fields.activation(file, config, "activation"),
+        pad_id=_fields.pad_id(file, config, vocab_size),
     )
 
 

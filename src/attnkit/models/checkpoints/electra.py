@@ -7,7 +7,7 @@ from attnkit.models.checkpoints.family import Family
 
 def arguments(file, config):
     embedding_size = _fields.positive_int(file, config, "embedding_size")
-    return _bert_layout.encoder_arguments(file, config, pad_default=0, embedding_size=embedding_size)
+    return _bert_layout.encoder_arguments(file, config, embedding_size=embedding_size)
 
 
 FAMILY = Family(
