@@ -411,9 +411,6 @@ def _edit(path, file="config.json", **fields):
      r"`rope_parameters\.rope_theta` must be a number\. Received: rope_parameters\.rope_theta=None"),
     ("config.json", dict(rope_parameters=..., rope_theta="10000"), r"`rope_theta` must be a number\. Received: rope_theta='10000'"),
     ("config.json", dict(rope_parameters="default"), r"`rope_parameters` must be an object or null\. Received: rope_parameters='default'"),
-    ("config.json", dict(sliding_window="4"), r"`sliding_window` must be an integer >= 0 or null\. Received: sliding_window='4'"),
-    ("config.json", dict(layer_types="full_attention"), r"`layer_types` must be a list of strings or null"),
-    ("config.json", dict(layer_types=["full_attention"]), r"`layer_types` must list 'full_attention' or 'sliding_attention' for each of the num_hidden_layers=2"),
     ("config.json", dict(pad_token_id="0"), r"`pad_token_id` must be an integer or null\. Received: pad_token_id='0'"),
     ("config.json", dict(eos_token_id=True), r"`eos_token_id` must be a token id \(an integer >= 0\) or a list of them or null"),
     ("generation_config.json", dict(eos_token_id=["2"]), r"`eos_token_id` must be a token id .* Received: eos_token_id=\['2'\]"),
@@ -422,6 +419,19 @@ def test_a_config_value_of_the_wrong_json_type_is_refused_by_name(tmp_path_facto
     _, path = _save(tmp_path_factory, "llama")
     _edit(path, file, **fields)
     with pytest.raises(ValueError, match=re.escape(file) + ": " + match):
+        load_causal_lm(path)
+
+
+@pytest.mark.parametrize("fields, match", [
+    # Llama has no sliding window: these fields are read for mistral and qwen2 only
+    (dict(sliding_window="4"), r"`sliding_window` must be an integer >= 0 or null\. Received: sliding_window='4'"),
+    (dict(layer_types="full_attention"), r"`layer_types` must be a list of strings or null"),
+    (dict(layer_types=["full_attention"]), r"`layer_types` must list 'full_attention' or 'sliding_attention' for each of the num_hidden_layers=2"),
+])
+def test_a_sliding_window_field_of_the_wrong_json_type_is_refused_by_name(tmp_path_factory, fields, match):
+    _, path = _save(tmp_path_factory, "mistral")
+    _edit(path, **fields)
+    with pytest.raises(ValueError, match=r"config\.json: " + match):
         load_causal_lm(path)
 
 
@@ -464,3 +474,54 @@ def test_a_mistral_config_without_sliding_window_gets_mistrals_default():
     assert model_arguments(config)["sliding_windows"] == [transformers.MistralConfig().sliding_window] * 2 == [4096, 4096]
     assert model_arguments({**config, "sliding_window": None})["sliding_windows"] == [None, None]
     assert model_arguments({**config, "sliding_window": 7})["sliding_windows"] == [7, 7]
+
+
+def _logits_match_transformers(path, T=12):
+    """attnkit's logits of a directory against transformers' AutoModelForCausalLM (float32), on
+    sequences longer than the sliding windows used here."""
+    ids = np.random.default_rng(1).integers(0, 96, (1, T))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids), use_cache=False).logits.numpy()
+    np.testing.assert_allclose(load_causal_lm(path).logits(ids), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind, fields", [
+    # LlamaForCausalLM reads neither field: attnkit gave its second layer a window of 3 (2.9 apart)
+    ("llama", dict(sliding_window=3, layer_types=["full_attention", "sliding_attention"])),
+    # transformers 5 takes the RoPE object from rope_scaling when it is set, its rope_theta first:
+    # attnkit read the base from rope_parameters or the top level (3.1 apart)
+    ("llama", dict(rope_parameters=..., rope_scaling={"rope_type": "default", "rope_theta": 37.0}, rope_theta=500.0)),
+    ("llama", dict(rope_scaling={"rope_type": "default"}, rope_parameters={"rope_type": "default", "rope_theta": 37.0})),
+    ("mistral", dict(sliding_window=3, layer_types=["full_attention", "sliding_attention"])),  # AutoModel's Ministral
+    ("qwen2", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1, layer_types=...)),
+])
+def test_windows_and_rope_bases_are_read_as_transformers_reads_them(tmp_path_factory, kind, fields):
+    _, path = _save(tmp_path_factory, kind)
+    _edit(path, **fields)
+    _logits_match_transformers(path)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(use_sliding_window=False, sliding_window=3, layer_types=["sliding_attention", "full_attention"]),
+    dict(use_sliding_window=True, sliding_window=None, layer_types=["sliding_attention", "full_attention"]),
+])
+def test_qwen2_sliding_layers_without_a_window_are_refused(tmp_path_factory, fields):
+    # transformers' Qwen2 has no window unless use_sliding_window is true, and its forward then fails
+    # ("Could not find a `sliding_window` argument"); attnkit applied sliding_window to those layers.
+    _, path = _save(tmp_path_factory, "qwen2")
+    _edit(path, **fields)
+    with pytest.raises(ValueError, match=r"config\.json: `layer_types` names 'sliding_attention' layers but the config sets no window"):
+        load_causal_lm(path)
+
+
+def test_pytorch_model_bin_loads_as_transformers_loads_it(tmp_path_factory):
+    # A directory with pytorch_model.bin only was refused ("No model.safetensors"); transformers and
+    # attnkit's encoder loader read it.
+    import os
+
+    ref, path = _save(tmp_path_factory, "qwen2")
+    bin_path = str(tmp_path_factory.mktemp("qwen2_bin"))
+    ref.config.save_pretrained(bin_path)
+    torch.save(ref.state_dict(), os.path.join(bin_path, "pytorch_model.bin"))
+    _logits_match_transformers(bin_path)
