@@ -332,6 +332,7 @@ def test_a_shard_index_without_its_weight_map_is_refused_by_name(tmp_path_factor
     import os
 
     _, path = _save(tmp_path_factory, "llama")
+    os.remove(os.path.join(path, "model.safetensors"))  # beside it, the index is not read (transformers' order)
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}}, f)
     with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json: `weight_map` must be an object"):
@@ -525,3 +526,55 @@ def test_pytorch_model_bin_loads_as_transformers_loads_it(tmp_path_factory):
     ref.config.save_pretrained(bin_path)
     torch.save(ref.state_dict(), os.path.join(bin_path, "pytorch_model.bin"))
     _logits_match_transformers(bin_path)
+
+
+def test_a_traced_attention_mask_is_refused_by_name():
+    # The mask's values place positions and cache slots on the host: under jax.jit it failed with
+    # "'str' object has no attribute '_error_repr'", under tf.function with a NotImplementedError from
+    # NumPy's conversion. A concrete mask, and traced token ids alone, are what CausalLM takes.
+    import keras
+
+    model = CausalLM(vocab_size=32, n=1, d_model=16, h=2, d_ff=24)
+    ids = np.random.default_rng(0).integers(0, 32, (2, 6)).astype("int32")
+    mask = np.ones((2, 6), "int32")
+    mask[1, :2] = 0
+    expected = to_numpy(model(ids, attention_mask=mask))
+    np.testing.assert_array_equal(to_numpy(model(ids, attention_mask=keras.ops.convert_to_tensor(mask))), expected)
+    if BACKEND == "torch":
+        return  # torch runs eagerly: nothing is traced
+    if BACKEND == "jax":
+        import jax
+
+        traced, traced_ids_only = jax.jit(lambda i, m: model(i, attention_mask=m)), jax.jit(lambda i: model(i))
+    else:
+        import tensorflow as tf
+
+        traced, traced_ids_only = tf.function(lambda i, m: model(i, attention_mask=m)), tf.function(lambda i: model(i))
+    with pytest.raises(ValueError, match=r"`CausalLM` needs the values of `attention_mask` on the host.*Received: attention_mask, a traced tensor of shape \(2, 6\)"):
+        traced(ids, mask)
+    np.testing.assert_allclose(to_numpy(traced_ids_only(ids)), to_numpy(model(ids)), atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch's bfloat16 attention kernel depends on autograd; jax and tensorflow have one")
+def test_mixed_bfloat16_int8_predict_differs_from_eager_only_by_the_attention_kernel(monkeypatch):
+    """Under mixed_bfloat16, an int8 model's eager call (autograd: torch's flash kernel) and `predict`
+    (no graph: two batched GEMMs with float32 scores) differ by bfloat16 rounding that int8's
+    activation rounding amplifies (0.013 here, 0.005 unquantized). With one attention kernel for both
+    they agree bit for bit: no path of the quantized layers depends on autograd (docs/decisions.md item 93)."""
+    import keras
+
+    from attnkit.ops import _fused
+
+    keras.utils.set_random_seed(0)
+    model = CausalLM(vocab_size=64, n=2, d_model=32, h=4, d_ff=64, num_kv_heads=2, dtype="mixed_bfloat16")
+    model.build()
+    model.quantize("int8")
+    ids = np.random.default_rng(0).integers(0, 64, (4, 16)).astype("int32")
+    monkeypatch.setattr(_fused, "_bmm_takes", lambda *args: False)  # the flash kernel, with or without autograd
+    eager = to_numpy(model(ids))
+    np.testing.assert_array_equal(model.predict(ids, batch_size=4, verbose=0), eager)
+    float_model = CausalLM.from_config({**model.get_config(), "dtype": "float32"})
+    float_model.build()
+    float_model.quantize("int8")
+    float_model.set_weights(model.get_weights())  # the same integers and scales, computed in float32
+    np.testing.assert_allclose(eager, to_numpy(float_model(ids)), atol=0.05 * np.abs(eager).max())
