@@ -332,6 +332,7 @@ def test_a_shard_index_without_its_weight_map_is_refused_by_name(tmp_path_factor
     import os
 
     _, path = _save(tmp_path_factory, "llama")
+    os.remove(os.path.join(path, "model.safetensors"))  # beside it, the index is not read (transformers' order)
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}}, f)
     with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json: `weight_map` must be an object"):
@@ -411,9 +412,6 @@ def _edit(path, file="config.json", **fields):
      r"`rope_parameters\.rope_theta` must be a number\. Received: rope_parameters\.rope_theta=None"),
     ("config.json", dict(rope_parameters=..., rope_theta="10000"), r"`rope_theta` must be a number\. Received: rope_theta='10000'"),
     ("config.json", dict(rope_parameters="default"), r"`rope_parameters` must be an object or null\. Received: rope_parameters='default'"),
-    ("config.json", dict(sliding_window="4"), r"`sliding_window` must be an integer >= 0 or null\. Received: sliding_window='4'"),
-    ("config.json", dict(layer_types="full_attention"), r"`layer_types` must be a list of strings or null"),
-    ("config.json", dict(layer_types=["full_attention"]), r"`layer_types` must list 'full_attention' or 'sliding_attention' for each of the num_hidden_layers=2"),
     ("config.json", dict(pad_token_id="0"), r"`pad_token_id` must be an integer or null\. Received: pad_token_id='0'"),
     ("config.json", dict(eos_token_id=True), r"`eos_token_id` must be a token id \(an integer >= 0\) or a list of them or null"),
     ("generation_config.json", dict(eos_token_id=["2"]), r"`eos_token_id` must be a token id .* Received: eos_token_id=\['2'\]"),
@@ -422,6 +420,19 @@ def test_a_config_value_of_the_wrong_json_type_is_refused_by_name(tmp_path_facto
     _, path = _save(tmp_path_factory, "llama")
     _edit(path, file, **fields)
     with pytest.raises(ValueError, match=re.escape(file) + ": " + match):
+        load_causal_lm(path)
+
+
+@pytest.mark.parametrize("fields, match", [
+    # Llama has no sliding window: these fields are read for mistral and qwen2 only
+    (dict(sliding_window="4"), r"`sliding_window` must be an integer >= 0 or null\. Received: sliding_window='4'"),
+    (dict(layer_types="full_attention"), r"`layer_types` must be a list of strings or null"),
+    (dict(layer_types=["full_attention"]), r"`layer_types` must list 'full_attention' or 'sliding_attention' for each of the num_hidden_layers=2"),
+])
+def test_a_sliding_window_field_of_the_wrong_json_type_is_refused_by_name(tmp_path_factory, fields, match):
+    _, path = _save(tmp_path_factory, "mistral")
+    _edit(path, **fields)
+    with pytest.raises(ValueError, match=r"config\.json: " + match):
         load_causal_lm(path)
 
 
@@ -464,3 +475,106 @@ def test_a_mistral_config_without_sliding_window_gets_mistrals_default():
     assert model_arguments(config)["sliding_windows"] == [transformers.MistralConfig().sliding_window] * 2 == [4096, 4096]
     assert model_arguments({**config, "sliding_window": None})["sliding_windows"] == [None, None]
     assert model_arguments({**config, "sliding_window": 7})["sliding_windows"] == [7, 7]
+
+
+def _logits_match_transformers(path, T=12):
+    """attnkit's logits of a directory against transformers' AutoModelForCausalLM (float32), on
+    sequences longer than the sliding windows used here."""
+    ids = np.random.default_rng(1).integers(0, 96, (1, T))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids), use_cache=False).logits.numpy()
+    np.testing.assert_allclose(load_causal_lm(path).logits(ids), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind, fields", [
+    # LlamaForCausalLM reads neither field: attnkit gave its second layer a window of 3 (2.9 apart)
+    ("llama", dict(sliding_window=3, layer_types=["full_attention", "sliding_attention"])),
+    # transformers 5 takes the RoPE object from rope_scaling when it is set, its rope_theta first:
+    # attnkit read the base from rope_parameters or the top level (3.1 apart)
+    ("llama", dict(rope_parameters=..., rope_scaling={"rope_type": "default", "rope_theta": 37.0}, rope_theta=500.0)),
+    ("llama", dict(rope_scaling={"rope_type": "default"}, rope_parameters={"rope_type": "default", "rope_theta": 37.0})),
+    ("mistral", dict(sliding_window=3, layer_types=["full_attention", "sliding_attention"])),  # AutoModel's Ministral
+    ("qwen2", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1, layer_types=...)),
+])
+def test_windows_and_rope_bases_are_read_as_transformers_reads_them(tmp_path_factory, kind, fields):
+    _, path = _save(tmp_path_factory, kind)
+    _edit(path, **fields)
+    _logits_match_transformers(path)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(use_sliding_window=False, sliding_window=3, layer_types=["sliding_attention", "full_attention"]),
+    dict(use_sliding_window=True, sliding_window=None, layer_types=["sliding_attention", "full_attention"]),
+])
+def test_qwen2_sliding_layers_without_a_window_are_refused(tmp_path_factory, fields):
+    # transformers' Qwen2 has no window unless use_sliding_window is true, and its forward then fails
+    # ("Could not find a `sliding_window` argument"); attnkit applied sliding_window to those layers.
+    _, path = _save(tmp_path_factory, "qwen2")
+    _edit(path, **fields)
+    with pytest.raises(ValueError, match=r"config\.json: `layer_types` names 'sliding_attention' layers but the config sets no window"):
+        load_causal_lm(path)
+
+
+def test_pytorch_model_bin_loads_as_transformers_loads_it(tmp_path_factory):
+    # A directory with pytorch_model.bin only was refused ("No model.safetensors"); transformers and
+    # attnkit's encoder loader read it.
+    import os
+
+    ref, path = _save(tmp_path_factory, "qwen2")
+    bin_path = str(tmp_path_factory.mktemp("qwen2_bin"))
+    ref.config.save_pretrained(bin_path)
+    torch.save(ref.state_dict(), os.path.join(bin_path, "pytorch_model.bin"))
+    _logits_match_transformers(bin_path)
+
+
+def test_a_traced_attention_mask_is_refused_by_name():
+    # The mask's values place positions and cache slots on the host: under jax.jit it failed with
+    # "'str' object has no attribute '_error_repr'", under tf.function with a NotImplementedError from
+    # NumPy's conversion. A concrete mask, and traced token ids alone, are what CausalLM takes.
+    import keras
+
+    model = CausalLM(vocab_size=32, n=1, d_model=16, h=2, d_ff=24)
+    ids = np.random.default_rng(0).integers(0, 32, (2, 6)).astype("int32")
+    mask = np.ones((2, 6), "int32")
+    mask[1, :2] = 0
+    expected = to_numpy(model(ids, attention_mask=mask))
+    np.testing.assert_array_equal(to_numpy(model(ids, attention_mask=keras.ops.convert_to_tensor(mask))), expected)
+    if BACKEND == "torch":
+        return  # torch runs eagerly: nothing is traced
+    if BACKEND == "jax":
+        import jax
+
+        traced, traced_ids_only = jax.jit(lambda i, m: model(i, attention_mask=m)), jax.jit(lambda i: model(i))
+    else:
+        import tensorflow as tf
+
+        traced, traced_ids_only = tf.function(lambda i, m: model(i, attention_mask=m)), tf.function(lambda i: model(i))
+    with pytest.raises(ValueError, match=r"`CausalLM` needs the values of `attention_mask` on the host.*Received: attention_mask, a traced tensor of shape \(2, 6\)"):
+        traced(ids, mask)
+    np.testing.assert_allclose(to_numpy(traced_ids_only(ids)), to_numpy(model(ids)), atol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch's bfloat16 attention kernel depends on autograd; jax and tensorflow have one")
+def test_mixed_bfloat16_int8_predict_differs_from_eager_only_by_the_attention_kernel(monkeypatch):
+    """Under mixed_bfloat16, an int8 model's eager call (autograd: torch's flash kernel) and `predict`
+    (no graph: two batched GEMMs with float32 scores) differ by bfloat16 rounding that int8's
+    activation rounding amplifies (0.013 here, 0.005 unquantized). With one attention kernel for both
+    they agree bit for bit: no path of the quantized layers depends on autograd (docs/decisions.md item 93)."""
+    import keras
+
+    from attnkit.ops import _fused
+
+    keras.utils.set_random_seed(0)
+    model = CausalLM(vocab_size=64, n=2, d_model=32, h=4, d_ff=64, num_kv_heads=2, dtype="mixed_bfloat16")
+    model.build()
+    model.quantize("int8")
+    ids = np.random.default_rng(0).integers(0, 64, (4, 16)).astype("int32")
+    monkeypatch.setattr(_fused, "_bmm_takes", lambda *args: False)  # the flash kernel, with or without autograd
+    eager = to_numpy(model(ids))
+    np.testing.assert_array_equal(model.predict(ids, batch_size=4, verbose=0), eager)
+    float_model = CausalLM.from_config({**model.get_config(), "dtype": "float32"})
+    float_model.build()
+    float_model.quantize("int8")
+    float_model.set_weights(model.get_weights())  # the same integers and scales, computed in float32
+    np.testing.assert_allclose(eager, to_numpy(float_model(ids)), atol=0.05 * np.abs(eager).max())

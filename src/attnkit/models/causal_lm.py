@@ -20,7 +20,7 @@ from keras import ops
 from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._sublayer import call_sublayer
-from attnkit.layers._token_ids import check_token_ids
+from attnkit.layers._token_ids import _concrete_values, check_token_ids
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
 from attnkit.layers.kv_cache import KVCache, keep_mask
@@ -29,6 +29,24 @@ from attnkit.layers.rms_norm import RMSNorm
 from attnkit.models import _torch_decoding
 from attnkit.ops import _fused
 from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
+
+
+def _host_mask(attention_mask, shape):
+    """The (B, T) attention mask as a NumPy bool array, all True when None.
+
+    Positions, keep-masks and cache slots are worked out on the host from the mask's values, which a
+    mask traced by jax.jit or tf.function does not have: refused by name (NumPy's conversion failed
+    there with errors naming neither the argument nor the way out)."""
+    if attention_mask is None:
+        return np.ones(shape, bool)
+    values = _concrete_values(attention_mask) if ops.is_tensor(attention_mask) else ops.convert_to_numpy(attention_mask)
+    if values is None:
+        raise ValueError(
+            "`CausalLM` needs the values of `attention_mask` on the host: it places positions and cache slots "
+            "there. Pass it as a concrete array (NumPy), or call the model outside jax.jit / tf.function "
+            f"(token ids alone may be traced). Received: attention_mask, a traced tensor of shape {tuple(attention_mask.shape)}"
+        )
+    return np.asarray(values).astype(bool)
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -161,7 +179,7 @@ class CausalLM(CheckedCall, keras.Model):
                 "host. Call the model directly, or compile it with `run_eagerly=True` before fit, predict or "
                 f"evaluate. Received: token_ids.shape={tuple(token_ids.shape)}"
             )
-        valid_new = np.ones((B, T), bool) if attention_mask is None else np.asarray(ops.convert_to_numpy(attention_mask)).astype(bool)
+        valid_new = _host_mask(attention_mask, (B, T))
         if valid_new.shape != (B, T):
             raise ValueError(
                 f"`attention_mask` must have the shape of `token_ids`, {(B, T)}. Received: attention_mask.shape={valid_new.shape}"
