@@ -388,7 +388,7 @@ def read_hf_tokenizer(path, config):
             # from tokenizer_config.json
             name = _tokenizer_class(settings, config, data, files)
             tokenizer = tokenizer_class.rebuild(data, name, settings, files)
-            settings = tokenizer_class.with_file_pad_token(data, settings)  # for the chat template's pad_token
+            settings = tokenizer_class.with_file_pad_token(data, settings, name)  # for the chat template's pad_token
         except ValueError as e:
             if str(e).startswith(path):
                 raise  # ours: it names the file and field

@@ -61,18 +61,19 @@ def rebuild(data, name, settings, files):
         # the class builds from the vocabulary alone; the added tokens come next, as transformers adds them
         tokenizer = builder({**data, "added_tokens": []}, settings, files)
         defaults = default_tokens(name)
-    settings = with_file_pad_token(data, settings)
+    settings = with_file_pad_token(data, settings, name)
     return added_tokens.add_tokens(
         tokenizer, settings, file_tokens=data.get("added_tokens") or [], defaults=defaults,
         path=os.path.dirname(files[1]), settings_file=files[1],
     )
 
 
-def with_file_pad_token(data, settings):
-    """`settings` with the pad token of tokenizer.json's padding where it names none: TokenizersBackend.__init__
-    takes it from there (and adds it as a special token), for every class."""
+def with_file_pad_token(data, settings, name):
+    """`settings` with the pad token of tokenizer.json's padding where neither they nor class `name`'s
+    `__init__` name one: TokenizersBackend.__init__ then takes it from there (and adds it as a special token)."""
     padding = data.get("padding")
-    if isinstance(padding, dict) and "pad_token" in padding and "pad_token" not in settings:
+    named = "pad_token" in settings or "pad_token" in default_tokens(name)
+    if isinstance(padding, dict) and "pad_token" in padding and not named:
         return {**settings, "pad_token": padding["pad_token"]}
     return settings
 
