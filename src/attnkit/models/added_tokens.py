@@ -82,6 +82,16 @@ def add_tokens(tokenizer, settings, *, file_tokens, defaults, path, settings_fil
     return tokenizer
 
 
+def special_token_texts(settings, *, defaults, path, settings_file):
+    """{key: text} of the named special tokens set (`special_tokens_map`, which `apply_chat_template` gives
+    the chat template): tokenizer_config.json's, special_tokens_map.json's where it has no
+    added_tokens_decoder, else the class's defaults; a token set to null is left out, as transformers does."""
+    if "added_tokens_decoder" not in settings:
+        settings = {**settings, **_special_tokens_map(path, settings)}
+    named = {key: settings.get(key, defaults.get(key)) for key in SPECIAL_TOKEN_KEYS}
+    return {key: _text(value, key, settings_file) for key, value in named.items() if value is not None}
+
+
 def _key(token):
     """What transformers compares to tell an added token already there (its repr: text and flags)."""
     return (token.content, *(getattr(token, flag) for flag in _FLAGS))

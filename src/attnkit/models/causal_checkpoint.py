@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from attnkit.models import added_tokens, tokenizer_class
 from attnkit.models.causal_lm import CausalLM
 from attnkit.models.checkpoints._json import read_json
 from attnkit.models.checkpoints.weights import read_state_dict
@@ -329,47 +330,81 @@ def _default_template(template, file):
     return named["default"]
 
 
-def _check_tokenizer_class(settings, file, settings_file):
-    """Refuses a tokenizer.json that transformers 5 rebuilds rather than runs: LlamaTokenizer keeps only
-    its vocabulary and merges and builds a Metaspace pipeline whose prefix space (`legacy`,
-    `add_prefix_space`) differs from a sentencepiece-converted file's normalizer (a text that starts
-    with a space, a text after a special token). A byte-level file it runs as it is, as here."""
-    name = settings.get("tokenizer_class")
-    if isinstance(name, str) and name.removesuffix("Fast") in ("LlamaTokenizer", "CodeLlamaTokenizer"):
-        with open(file, encoding="utf-8") as f:
-            if '"ByteLevel"' not in f.read():
-                raise ValueError(
-                    f"{settings_file}: tokenizer_class {name!r}: transformers rebuilds {os.path.basename(file)} "
-                    "(not byte-level) with that class's Metaspace pipeline, which attnkit does not replicate "
-                    "(other token ids); it runs tokenizer.json as it is for PreTrainedTokenizerFast"
-                )
+def _tokenizer_class(settings, config, data, files):
+    """The tokenizer class AutoTokenizer builds for a causal directory, as `tokenizer_class.rebuild` takes
+    it: "LlamaTokenizer" (rebuilt: docs/decisions.md item 95), or None (tokenizer.json as it is).
+
+    tokenizer_config.json's `tokenizer_class`, else config.json's, names it, but the model type's own class
+    goes first where transformers registers one: mistral's is TokenizersBackend (the file as it is, whatever
+    class is named), qwen2's Qwen2Tokenizer, whose byte-level rebuild equals a byte-level file (item 92).
+    A LlamaTokenizer over a byte-level file (Llama 3's) is loaded as it is. Other classes run the file as
+    it is (item 92); CodeLlamaTokenizer, and Qwen2Tokenizer over a file that is not byte-level, are refused."""
+    declared = settings.get("tokenizer_class") or config.get("tokenizer_class")
+    name = declared.removesuffix("Fast") if isinstance(declared, str) else None
+    model_type = config.get("model_type")
+    if model_type == "mistral" or name not in ("LlamaTokenizer", "CodeLlamaTokenizer"):
+        return None
+    byte_level = tokenizer_class.byte_level(data)
+    rebuilt = "Qwen2Tokenizer" if model_type == "qwen2" else name
+    if rebuilt == "LlamaTokenizer":
+        return None if byte_level else name
+    if rebuilt == "Qwen2Tokenizer" and byte_level:
+        return None
+    raise ValueError(
+        f"{files[1]}: tokenizer_class {declared!r}: transformers rebuilds {os.path.basename(files[0])} as {rebuilt} "
+        f"(model_type {model_type!r}), whose pipeline attnkit does not replicate (other token ids)"
+    )
+
+
+def _check_clean_up(settings, tokenizer, settings_file):
+    """Refuses the decoding transformers' `decode` cleans up (" ." to ".", " 's" to "'s"), which attnkit's
+    decoding does not: `clean_up_tokenization_spaces` true, for a BPE model only with
+    `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output` true as well."""
+    keys = ("clean_up_tokenization_spaces", "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")
+    for key in keys:
+        if settings.get(key) is not None and not isinstance(settings[key], bool):
+            raise ValueError(f"{settings_file}: `{key}` must be true or false. Received: {key}={settings[key]!r}")
+    clean_up, for_bpe = (settings.get(key) or False for key in keys)
+    if clean_up and (for_bpe or type(tokenizer.model).__name__ != "BPE"):
+        raise ValueError(
+            f"{settings_file}: clean_up_tokenization_spaces=true: transformers removes the spaces before punctuation "
+            "in decoded text, which attnkit's decoding does not; set it false to decode the tokens as they are"
+        )
 
 
 def read_hf_tokenizer(path, config):
     """(tokenizer or None, chat template or None, special tokens, stop ids) of a Hugging Face directory."""
-    from tokenizers import Tokenizer
-
-    from attnkit.models import added_tokens
-
     file = os.path.join(path, "tokenizer.json")
     settings_file = os.path.join(path, "tokenizer_config.json")
     settings = read_json(settings_file, required=False) or {}
-    tokenizer = None
+    tokenizer, name = None, None
     if os.path.isfile(file):
-        _check_tokenizer_class(settings, file, settings_file)
-        tokenizer = Tokenizer.from_file(file)
-        # run as it is, with the added and special tokens transformers adds from tokenizer_config.json
-        added_tokens.add_tokens(tokenizer, settings, file_tokens=json.loads(tokenizer.to_str()).get("added_tokens") or [],
-                                defaults={}, path=path, settings_file=settings_file)
+        data = read_json(file)
+        files = (file, settings_file)
+        try:
+            # as the class rebuilds it or as it is, with the added and special tokens transformers adds
+            # from tokenizer_config.json
+            name = _tokenizer_class(settings, config, data, files)
+            tokenizer = tokenizer_class.rebuild(data, name, settings, files)
+            settings = tokenizer_class.with_file_pad_token(data, settings, name)  # for the chat template's pad_token
+        except ValueError as e:
+            if str(e).startswith(path):
+                raise  # ours: it names the file and field
+            raise ValueError(f"{file}: cannot read the tokenizer ({e})") from None
+        except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+            raise ValueError(f"{file}: cannot read the tokenizer ({e})") from None
+        # transformers' __call__ and apply_chat_template switch off the file's truncation and padding unless
+        # asked: a prompt is never cut at the file's max_length, nor padded (generation pads batches itself)
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        _check_clean_up(settings, tokenizer, settings_file)
     template = _default_template(settings.get("chat_template"), settings_file)
     jinja = os.path.join(path, "chat_template.jinja")
     if os.path.isfile(jinja):
         with open(jinja, encoding="utf-8") as f:
             template = f.read()
-    special = {}
-    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
-        value = settings.get(key)
-        special[key] = value.get("content") if isinstance(value, dict) else value
+    special = added_tokens.special_token_texts(settings, defaults=tokenizer_class.default_tokens(name), path=path,
+                                               settings_file=settings_file)
     ids = "a token id (an integer >= 0) or a list of them"
     eos = _field(os.path.join(path, "config.json"), config, "eos_token_id", ids, None, nullable=True)
     generation = os.path.join(path, "generation_config.json")

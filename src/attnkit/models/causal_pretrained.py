@@ -27,7 +27,8 @@ class PretrainedCausalLM:
         model: the `CausalLM` (frozen).
         tokenizer: a `tokenizers.Tokenizer`, or None (then only token-id methods work).
         chat_template: the Jinja template, or None.
-        special_tokens: {"bos_token", "eos_token", "unk_token", "pad_token"}: strings or None.
+        special_tokens: {"bos_token", "eos_token", ...: str}, the special tokens set (one unset is left out,
+            as in transformers' `special_tokens_map`: undefined in the chat template, not "None").
         stop_ids: ids that end a generation by default (the end-of-sequence token(s)).
         generation_defaults: {option: value} the generation methods use for options not given (a
             directory's generation_config.json: `attnkit.models.generation_config`); {} = greedy.
@@ -39,7 +40,7 @@ class PretrainedCausalLM:
                  generation_defaults=None):
         self.model, self.tokenizer, self.chat_template = model, tokenizer, chat_template
         self.generation_defaults = dict(generation_defaults or {})
-        self.special_tokens = dict(special_tokens or {})
+        self.special_tokens = {key: value for key, value in (special_tokens or {}).items() if value is not None}
         self.stop_ids, self.pad_id, self.path = [int(i) for i in stop_ids], int(pad_id), path
         self.n, self.h, self.d_model = model.n, model.h, model.d_model
 

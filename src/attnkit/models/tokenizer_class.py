@@ -11,6 +11,8 @@ the same rebuild with `tokenizers` only, for the classes attnkit's encoder famil
     BertTokenizer, DistilBertTokenizer, ElectraTokenizer   WordPiece, BertNormalizer, BertPreTokenizer
     RobertaTokenizer                                        byte-level BPE, no normalizer
     XLMRobertaTokenizer                                     Unigram, the file's Precompiled charsmap only
+    LlamaTokenizer                                          BPE with byte fallback, Metaspace (`legacy`,
+                                                            `add_prefix_space`), the file's post-processor
     PreTrainedTokenizerFast, TokenizersBackend             tokenizer.json as it is
 
 Any other class is refused: its `__init__` would rebuild the file in ways not replicated here.
@@ -44,6 +46,8 @@ def rebuild(data, name, settings, files):
     tokenizer_config.json) paths, for messages. None for `name`: no class known, the file as it is."""
     from tokenizers import Tokenizer
 
+    if name == "LlamaTokenizer" and byte_level(data):
+        name = None  # AutoTokenizer loads a byte-level file declared LlamaTokenizer (Llama 3's) as it is
     if name is None or name in _AS_IS:
         tokenizer, defaults = Tokenizer.from_str(json.dumps(data)), {}
     else:
@@ -56,11 +60,28 @@ def rebuild(data, name, settings, files):
             )
         # the class builds from the vocabulary alone; the added tokens come next, as transformers adds them
         tokenizer = builder({**data, "added_tokens": []}, settings, files)
-        defaults = _BERT_TOKENS if builder is _bert else _ROBERTA_TOKENS
+        defaults = default_tokens(name)
+    settings = with_file_pad_token(data, settings, name)
     return added_tokens.add_tokens(
         tokenizer, settings, file_tokens=data.get("added_tokens") or [], defaults=defaults,
         path=os.path.dirname(files[1]), settings_file=files[1],
     )
+
+
+def with_file_pad_token(data, settings, name):
+    """`settings` with the pad token of tokenizer.json's padding where neither they nor class `name`'s
+    `__init__` name one: TokenizersBackend.__init__ then takes it from there (and adds it as a special token)."""
+    padding = data.get("padding")
+    named = "pad_token" in settings or "pad_token" in default_tokens(name)
+    if isinstance(padding, dict) and "pad_token" in padding and not named:
+        return {**settings, "pad_token": padding["pad_token"]}
+    return settings
+
+
+def default_tokens(name):
+    """{special token key: text} of class `name`'s `__init__` ({} for a file run as it is)."""
+    builder = _BUILDERS.get(name)
+    return _DEFAULT_TOKENS[builder] if builder is not None else {}
 
 
 def _bert(data, settings, files):
@@ -130,12 +151,53 @@ def _xlm_roberta(data, settings, files):
     return tokenizer
 
 
+def _llama(data, settings, files):
+    """LlamaTokenizer.__init__ (docs/decisions.md item 95): BPE(vocab, merges) with byte fallback, fused
+    unknowns and no unknown token; no normalizer; Metaspace(split=False) prepending "▁" to the first
+    piece of the text (`legacy` false, the default, or null), to every piece between special tokens
+    (`legacy` true) or never (`add_prefix_space` false; null is true); decoding "▁" as a space, byte
+    tokens as bytes, and the first space dropped when one was prepended. The file's post-processor
+    stays (`add_bos_token` / `add_eos_token` are dropped by transformers when there is a tokenizer.json);
+    a file without one gets $A alone."""
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    legacy = settings.get("legacy", False)
+    if legacy is not None and not isinstance(legacy, bool):
+        raise ValueError(f"{files[1]}: `legacy` must be null, true or false. Received: legacy={legacy!r}")
+    add_prefix_space = settings.get("add_prefix_space")
+    if add_prefix_space is not None and not isinstance(add_prefix_space, bool):
+        raise ValueError(f"{files[1]}: `add_prefix_space` must be null, true or false. "
+                         f"Received: add_prefix_space={add_prefix_space!r}")
+    add_prefix_space = add_prefix_space is not False
+    vocab = _vocab(data, "BPE", files[0])
+    model = models.BPE({}, [], dropout=None, fuse_unk=True, byte_fallback=True)
+    tokenizer = _with_model(data, model, vocab=vocab, merges=data["model"].get("merges", []))
+    tokenizer.normalizer = None
+    # transformers' _get_prepend_scheme: legacy null counts as false
+    scheme = ("always" if legacy else "first") if add_prefix_space else "never"
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_prefix_space:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    tokenizer.decoder = decoders.Sequence(steps)
+    if tokenizer.post_processor is None:  # TokenizersBackend.update_post_processor, neither bos nor eos added
+        tokenizer.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    return tokenizer
+
+
+def byte_level(data):
+    """Whether tokenizer.json names a ByteLevel step anywhere (transformers' test reads the file's text)."""
+    return '"ByteLevel"' in json.dumps(data)
+
+
 # the special tokens of each class's __init__, which transformers adds when not in the vocabulary's added tokens
 _BERT_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
 _ROBERTA_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>",
                    "pad_token": "<pad>", "mask_token": "<mask>"}
+_LLAMA_TOKENS = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
 _BUILDERS = {"BertTokenizer": _bert, "DistilBertTokenizer": _bert, "ElectraTokenizer": _bert,
-             "RobertaTokenizer": _roberta, "XLMRobertaTokenizer": _xlm_roberta}
+             "RobertaTokenizer": _roberta, "XLMRobertaTokenizer": _xlm_roberta, "LlamaTokenizer": _llama}
+_DEFAULT_TOKENS = {_bert: _BERT_TOKENS, _roberta: _ROBERTA_TOKENS, _xlm_roberta: _ROBERTA_TOKENS, _llama: _LLAMA_TOKENS}
 
 
 def bert_options(settings, file):
