@@ -26,6 +26,7 @@ import functools
 import keras
 from keras.src.backend.common.variables import AutocastScope, get_autocast_scope  # no public names in Keras 3
 
+from attnkit.layers._policies import own_policy
 from attnkit.ops import _fused
 
 
@@ -55,7 +56,7 @@ def call_sublayer(layer, *args, **kwargs):
 def _keras_call_needed(layer, args, reads_cast_variables=True):
     """Whether `layer(*args)` would do more than `layer.call(*args)`. `reads_cast_variables=False` says
     that the layer's call reads no variable autocast would cast (a norm layer's float32 gamma and beta)."""
-    policy = layer.dtype_policy
+    policy = own_policy(layer)  # its entry in a policy map (a reloaded quantized model's), by its path
     if (
         not layer.built
         or policy.quantization_mode is not None

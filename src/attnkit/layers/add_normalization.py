@@ -12,12 +12,13 @@ import keras
 
 from attnkit._validation import positive_float
 from attnkit.layers._call_checks import CheckedCall
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._sublayer import call_layer_norm
 from attnkit.ops.masks import _shape_str
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class AddNormalization(CheckedCall, keras.layers.Layer):
+class AddNormalization(CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Adds a sub-layer's output to its input, then normalizes over the last axis.
 
     Args:

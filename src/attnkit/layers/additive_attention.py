@@ -12,6 +12,7 @@ from keras import ops
 from attnkit._validation import positive_int
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.ops import _fused
 from attnkit.ops.attention import masked_softmax
 from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
@@ -19,7 +20,7 @@ from attnkit.layers.linear import Linear
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class AdditiveAttention(CheckedCall, keras.layers.Layer):
+class AdditiveAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Additive (Bahdanau) attention with learned W_q, W_k and v.
 
     Args:

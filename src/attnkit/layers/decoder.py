@@ -13,6 +13,7 @@ from keras import ops
 from attnkit._validation import positive_int
 
 from attnkit.layers._call_checks import CheckedCall
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._stack_config import STACK_FIELDS, StackConfig
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer, in_own_scope
@@ -23,7 +24,7 @@ from attnkit.layers.position_embedding import position_embedding
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Decoder(StackConfig, CheckedCall, keras.layers.Layer):
+class Decoder(StackConfig, CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Embeddings, dropout and a stack of `n` `DecoderLayer`s.
 
     Args:

@@ -18,6 +18,7 @@ from keras import ops
 
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._stack_config import LAYER_FIELDS, StackConfig
 from attnkit.layers._sublayer import call_sublayer, in_own_scope
@@ -29,7 +30,7 @@ from attnkit.ops.masks import _shape_str, broadcast_mask
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class DecoderLayer(StackConfig, CheckedCall, keras.layers.Layer):
+class DecoderLayer(StackConfig, CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Masked self-attention, cross-attention over the encoder output, then a feed-forward network.
 
     Args:

@@ -12,6 +12,7 @@ Legend: B batch, T new tokens, S keys so far (cache), h / h_kv heads, d_k per-he
 import keras
 
 from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import weights_spec
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.multi_head_attention import SIDE_BY_SIDE, MultiHeadAttention, projection_path
@@ -23,7 +24,7 @@ from attnkit.ops.rotary import apply_rotary
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class DecoderOnlyLayer(keras.layers.Layer):
+class DecoderOnlyLayer(SublayerPolicies, keras.layers.Layer):
     """Pre-norm causal self-attention and SwiGLU feed-forward, each with a residual connection.
 
     Args:

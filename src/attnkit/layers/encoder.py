@@ -11,6 +11,7 @@ import keras
 
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of, with_keras_mask
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import weights_spec
 from attnkit.layers._stack_config import STACK_FIELDS, StackConfig
 from attnkit.layers._sublayer import as_in_own_call, call_layer_norm, call_layer_stack
@@ -20,7 +21,7 @@ from attnkit.layers.position_embedding import position_embedding
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Encoder(StackConfig, CheckedCall, keras.layers.Layer):
+class Encoder(StackConfig, CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Maps a batch of token ids to one d_model vector per token.
 
     Padding never changes the outputs at real tokens: without an explicit `padding_mask`, the

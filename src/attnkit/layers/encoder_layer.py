@@ -16,6 +16,7 @@ from keras import ops
 
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import check_model_width, weights_spec
 from attnkit.layers._stack_config import LAYER_FIELDS, StackConfig
 from attnkit.layers._sublayer import call_sublayer
@@ -53,7 +54,7 @@ def key_padding(x, padding_mask, name="padding_mask", queries=None):
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class EncoderLayer(StackConfig, CheckedCall, keras.layers.Layer):
+class EncoderLayer(StackConfig, CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Self-attention then a feed-forward network, each with dropout, a residual and a layer norm.
 
     Dropout is applied to each sub-layer's output before the residual addition (paper section

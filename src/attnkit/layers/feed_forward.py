@@ -10,6 +10,7 @@ from keras import ops
 
 from attnkit._validation import positive_int
 from attnkit.layers._call_checks import CheckedCall
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
@@ -35,7 +36,7 @@ def check_activation(activation):
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class FeedForward(CheckedCall, keras.layers.Layer):
+class FeedForward(CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Two linear maps with an activation between them, applied to every position alike.
 
     Args:

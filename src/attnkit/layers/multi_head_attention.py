@@ -12,6 +12,7 @@ from keras import ops
 from attnkit._validation import boolean, positive_int, rate
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer, in_own_scope
 from attnkit.layers.linear import Linear
@@ -23,7 +24,7 @@ from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class MultiHeadAttention(CheckedCall, keras.layers.Layer):
+class MultiHeadAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Multi-head attention with learned projections W_q, W_k, W_v and W_o.
 
     Args:

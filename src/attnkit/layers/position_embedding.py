@@ -13,6 +13,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_int
 from attnkit.layers._call_checks import CheckedCall
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._token_ids import check_token_ids
 from attnkit.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 
@@ -31,7 +32,7 @@ def embedding_table(embedding, dtype):
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class PositionEmbeddingFixedWeights(CheckedCall, keras.layers.Layer):
+class PositionEmbeddingFixedWeights(CheckedCall, SublayerPolicies, keras.layers.Layer):
     """Embeds token ids and adds their positions: the input stage of the Transformer encoder.
 
     The token embedding is learned and, as in the paper (section 3.4), multiplied by sqrt(d_model) so

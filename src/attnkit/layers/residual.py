@@ -13,12 +13,13 @@ Legend: B batch, T length, d_model width.
 import keras
 
 from attnkit._validation import boolean, rate
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
 from attnkit.ops.masks import _shape_str
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Residual(keras.layers.Layer):
+class Residual(SublayerPolicies, keras.layers.Layer):
     """A normalization around a sub-layer's residual connection, with dropout on the sub-layer's output.
 
     The sub-layer is passed to `call` as a callable (the parent owns and tracks it), so one Residual

@@ -10,6 +10,7 @@ import keras
 from keras import ops
 
 from attnkit._validation import boolean, positive_int
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.linear import Linear
@@ -17,7 +18,7 @@ from attnkit.layers.multi_head_attention import SIDE_BY_SIDE, project_side_by_si
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class SwiGLUFeedForward(keras.layers.Layer):
+class SwiGLUFeedForward(SublayerPolicies, keras.layers.Layer):
     """Gate and up projections to d_ff, SiLU on the gate, their product projected back to d_model.
 
     Args:

@@ -24,6 +24,7 @@ import types
 import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public name in Keras 3
 
+from attnkit.layers._policies import own_policy
 from attnkit.ops import _fused
 from attnkit.ops.attention import fused_attention
 from attnkit.ops.grouped_attention import grouped_query_attention
@@ -96,7 +97,8 @@ class _Plan:
             self.leaves += [block.feed_forward_block, block.feed_forward_block.norm, block.attention.W_q, block.attention.W_k]
             self.leaves += [block.attention.W_v, block.attention.W_o, block.feed_forward.W_gate, block.feed_forward.W_up]
             self.leaves += [block.feed_forward.W_down]
-        self.policies = [leaf.dtype_policy for leaf in self.leaves]
+        # Each layer's own policy: in a policy map (a reloaded quantized model's) its entry, which `quantize` replaces.
+        self.policies = [own_policy(leaf) for leaf in self.leaves]
         self.lora = [getattr(leaf, "lora_enabled", False) for leaf in self.leaves]
         self.variables = []
         self.plain = all(
@@ -126,7 +128,7 @@ class _Plan:
     def current(self):
         """Whether every layer and variable is still the one this plan read."""
         return (
-            all(leaf.dtype_policy is policy for leaf, policy in zip(self.leaves, self.policies))
+            all(own_policy(leaf) is policy for leaf, policy in zip(self.leaves, self.policies))
             and all(getattr(leaf, "lora_enabled", False) == lora for leaf, lora in zip(self.leaves, self.lora))
             and all(variable._value is tensor for variable, tensor in self.variables)
         )

@@ -18,6 +18,7 @@ import keras
 from keras import ops
 
 from attnkit._validation import positive_int
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._stack_config import StackConfig
 from attnkit.layers._sublayer import call_layer_stack
 from attnkit.layers._token_ids import check_token_ids
@@ -30,7 +31,7 @@ POSITION_KINDS = ("absolute", "after_padding")
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class BertEncoder(StackConfig, keras.Model):
+class BertEncoder(StackConfig, SublayerPolicies, keras.Model):
     """Maps token ids (and token types) to one d_model vector per token, as BERT does.
 
     Args:

@@ -19,6 +19,7 @@ from keras import ops
 
 from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
 from attnkit.layers._call_checks import CheckedCall
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers._token_ids import _concrete_values, check_token_ids
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
@@ -50,7 +51,7 @@ def _host_mask(attention_mask, shape):
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class CausalLM(CheckedCall, keras.Model):
+class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
     """A decoder-only Transformer with RoPE, grouped-query attention, RMSNorm and SwiGLU.
 
     Args:

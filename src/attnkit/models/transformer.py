@@ -10,6 +10,7 @@ from keras import ops
 
 from attnkit._validation import boolean, positive_int
 from attnkit.layers._call_checks import CheckedCall
+from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._sublayer import in_own_scope
 from attnkit.layers.decoder import Decoder
 from attnkit.layers.encoder import Encoder
@@ -20,7 +21,7 @@ STACK_SIZES = ("h", "d_k", "d_v", "d_model", "d_ff", "n", "rate")  # the stacks'
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
-class Transformer(CheckedCall, keras.Model):
+class Transformer(CheckedCall, SublayerPolicies, keras.Model):
     """Encoder, decoder and the final linear layer to the target vocabulary.
 
     Args:
