@@ -2,7 +2,7 @@
 
 Three runs take turns in each round (interleaved, on the torch backend):
 - attnkit: `train_dates(TrainConfig())`, the code `attnkit demo` runs;
-- the same model in plain PyTorch (`workloads.TorchSeq2Seq`), batches of the same examples shuffled
+- the same model in plain PyTorch (`baselines.TorchSeq2Seq`), batches of the same examples shuffled
   each epoch, with the same schedule, Adam settings and weighted loss;
 - the demo as it was before issue 22 (16000 examples, 7 epochs at a constant 3e-3, dropout 0.1,
   Adam's default beta_2): its whole training time is the reference of the goal, at most half of it.
@@ -20,10 +20,10 @@ import warnings
 import keras
 import numpy as np
 import torch
-from workloads import TorchSeq2Seq, row
+from baselines import TorchSeq2Seq, row
 
-from attnkit.tasks import dates
-from attnkit.translation import TARGET_LENGTH, DateTranslator, TrainConfig, build_model, make_arrays, train_dates
+from attnkit.dates import task as dates
+from attnkit.dates.translator import TARGET_LENGTH, DateTranslator, TrainConfig, build_model, make_arrays, train_dates
 
 TARGET = 0.99
 # The demo's settings before issue 22 (its validation set: the 1000 dates after the first 16000).

@@ -33,7 +33,7 @@ def main():
     import transformers
     from timing import interleaved_medians, markdown_table
 
-    from attnkit.models.causal_checkpoint import default_causal_lm_path, load_causal_lm
+    from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
 
     if args.quick:
         prompt_len, new, batches, rounds = 8, 4, (1, 2), 1

@@ -17,9 +17,14 @@ import attnkit  # noqa: E402,F401  (chooses the Keras backend before keras is im
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from baselines import BACKEND, TorchSeq2Seq, row  # noqa: E402
+from demo_speed import time_to_target  # noqa: E402
+from embeddings import sentences  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
-BACKEND = keras.backend.backend()
+from attnkit.dates.task import CharTokenizer, train_validation_split  # noqa: E402
+from attnkit.dates.translator import TrainConfig, build_model, make_arrays  # noqa: E402
+
 # Each workload keeps taking interleaved rounds for at least this many seconds per requested round
 # (12 s for `make bench`'s 3 rounds), so that a fast workload's median is of ~15-25 samples, not 3.
 SECONDS_PER_ROUND = 4.0
@@ -28,13 +33,6 @@ SECONDS_PER_ROUND = 4.0
 def medians(runs, rounds, **options):
     """`interleaved_medians` of `runs` over at least `rounds` rounds and SECONDS_PER_ROUND * rounds seconds."""
     return interleaved_medians(runs, rounds=rounds, min_seconds=SECONDS_PER_ROUND * rounds, **options)
-
-
-def row(workload, dtype, attnkit_s, anchor, anchor_s, gflop, note="", goal=None, peak_goal=None):
-    """A table row; `goal`: the least anchor/attnkit ratio the issues ask for, `peak_goal` the least
-    fraction of the dtype's peak (run.py's table says whether each is met)."""
-    return dict(workload=workload, backend=BACKEND, dtype=dtype, attnkit_s=attnkit_s, anchor=anchor,
-                anchor_s=anchor_s, gflop=gflop, note=note, goal=goal, peak_goal=peak_goal)
 
 
 def layer_gflop(B, T_q, T_k, D, d_ff, attentions=1):
@@ -154,56 +152,8 @@ def encoder(rounds, policy):
                 goal=1.1 if half else (1.05 if BACKEND == "torch" else 1.0), peak_goal=0.7 if half else 0.8)]
 
 
-class TorchSeq2Seq(torch.nn.Module):
-    """The demo model's architecture in plain PyTorch: embeddings * sqrt(D) + sinusoids, nn.Transformer
-    (post-LN, relu), a linear layer to the vocabulary."""
-
-    def __init__(self, vocab, D, h, d_ff, n, rate, max_len, pad):
-        super().__init__()
-        self.D, self.pad, self.rate = D, pad, rate
-        self.src_emb, self.tgt_emb = torch.nn.Embedding(vocab, D), torch.nn.Embedding(vocab, D)
-        pos = np.arange(max_len)[:, None] / 10000 ** (np.arange(0, D, 2) / D)
-        pe = np.zeros((max_len, D), "float32")
-        pe[:, 0::2], pe[:, 1::2] = np.sin(pos), np.cos(pos)
-        self.register_buffer("pe", torch.from_numpy(pe))
-        self.transformer = torch.nn.Transformer(D, h, n, n, d_ff, rate, batch_first=True)
-        self.out = torch.nn.Linear(D, vocab)
-        self._init_as_keras(D)
-
-    @torch.no_grad()
-    def _init_as_keras(self, D):
-        """attnkit's (Keras's) initialisation, so that the loop trains the same model: embeddings
-        uniform(-0.05, 0.05) (torch's N(0, 1), times sqrt(D), drowns the positions), every kernel
-        Glorot-uniform (each of W_q, W_k, W_v on its own (D, D) block), biases zero."""
-        for emb in (self.src_emb, self.tgt_emb):
-            torch.nn.init.uniform_(emb.weight, -0.05, 0.05)
-        for name, p in self.named_parameters():
-            if name.endswith("in_proj_weight"):
-                for block in p.view(3, D, D):
-                    torch.nn.init.xavier_uniform_(block)
-            elif p.dim() == 2 and "emb" not in name:
-                torch.nn.init.xavier_uniform_(p)
-            elif name.endswith("bias"):
-                torch.nn.init.zeros_(p)
-
-    def embed(self, emb, ids):
-        return torch.nn.functional.dropout(emb(ids) * self.D**0.5 + self.pe[: ids.shape[1]], self.rate,
-                                           self.training)
-
-    def forward(self, src, tgt):
-        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
-        y = self.transformer(
-            self.embed(self.src_emb, src), self.embed(self.tgt_emb, tgt), tgt_mask=causal, tgt_is_causal=True,
-            src_key_padding_mask=src == self.pad, tgt_key_padding_mask=tgt == self.pad,
-            memory_key_padding_mask=src == self.pad,
-        )
-        return self.out(y)
-
-
 def training_step(rounds):
     """One train_on_batch of the demo model (batch 128) vs the same architecture in PyTorch, AdamW."""
-    from attnkit.tasks.dates import CharTokenizer, train_validation_split
-    from attnkit.translation import TrainConfig, build_model, make_arrays
 
     config, tokenizer, batch = TrainConfig(), CharTokenizer(), 128
     pairs, _ = train_validation_split(batch, 1, seed=0)
@@ -239,7 +189,6 @@ def training_step(rounds):
 def embeddings(rounds, policy="float32"):
     """Pretrained all-MiniLM-L6-v2 sentence embeddings, 256 sentences, batch 64, vs sentence-transformers
     (under `torch.autocast` for bfloat16, attnkit loaded under the `mixed_bfloat16` policy)."""
-    from embeddings import sentences
     from sentence_transformers import SentenceTransformer
 
     texts, batch = sentences(256), 64
@@ -274,7 +223,6 @@ def encoder_families(rounds, count=256, d_model=384, n=6, batch=64):
     import tempfile
 
     import transformers
-    from embeddings import sentences
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules.transformer import Transformer
     from sentence_transformers.sentence_transformer.modules.pooling import Pooling
@@ -316,8 +264,6 @@ def encoder_families(rounds, count=256, d_model=384, n=6, batch=64):
 
 def demo_time_to_99(rounds):
     """Training seconds of the demo until 99% exact match, vs a plain-PyTorch loop (`demo_speed.py`)."""
-    from demo_speed import time_to_target  # it imports this module's TorchSeq2Seq
-
     return time_to_target(rounds)
 
 

@@ -28,7 +28,7 @@ import attnkit  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 from attnkit.distributed import data_parallel_plan  # noqa: E402
-from attnkit.translation import TrainConfig, train_dates  # noqa: E402
+from attnkit.dates.translator import TrainConfig, train_dates  # noqa: E402
 
 # 8 steps of a global batch of 16 (8 per device), no dropout so both runs compute the same function.
 CONFIG = TrainConfig(epochs=1, batch_size=16, n_train=128, n_validation=16, d_model=16, h=2, d_ff=32, n=1, rate=0.0)

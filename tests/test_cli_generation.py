@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attnkit.cli import main  # noqa: E402
-from attnkit.models.gguf_checkpoint import bytes_to_unicode  # noqa: E402
+from attnkit.checkpoints.formats.gguf import bytes_to_unicode  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
 
@@ -56,7 +56,7 @@ def test_bad_options_are_one_line(model_dir, capsys):
 
 
 def test_heads_draws_the_language_models_causal_attention(model_dir, tmp_path, capsys):
-    from attnkit.models.causal_checkpoint import load_causal_lm
+    from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
     lm = load_causal_lm(model_dir)
     weights, tokens = lm.attentions("hello world", 0)  # (h, T, T)
@@ -140,7 +140,7 @@ def test_named_chat_templates_give_the_default_one_as_transformers_does(model_di
     chat without tools; attnkit refused the list as not a str."""
     import shutil
 
-    from attnkit.models.causal_checkpoint import load_causal_lm
+    from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
     path = tmp_path / "named"
     shutil.copytree(model_dir, path)

@@ -19,7 +19,7 @@ from pretrained_fixtures import write_tiny_model  # noqa: E402
 
 import attnkit  # noqa: E402
 from attnkit import cli  # noqa: E402
-from attnkit.models import pretrained  # noqa: E402
+from attnkit.pipelines import encoder as pretrained  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from attnkit import cli
-from attnkit.translation import DateTranslator
+from attnkit.dates.translator import DateTranslator
 
 TINY = ["--epochs", "1", "--train-size", "256", "--batch-size", "64", "--d-model", "16", "--heads", "2",
         "--layers", "1", "--d-ff", "32", "--quiet"]
@@ -31,7 +31,7 @@ def one_line_error(capsys):
 
 def flagged(output):
     """What `translate` prints for a model output: the date, or the not-a-date marker."""
-    from attnkit.tasks.dates import is_task_date
+    from attnkit.dates.task import is_task_date
 
     return output if is_task_date(output) else f"<not a date: {output}>"
 
@@ -125,19 +125,19 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     ],
 )
 def test_options_are_checked_before_training(argv, message, tmp_path, monkeypatch, capsys):
-    import attnkit.translation
+    import attnkit.dates.translator
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(attnkit.translation, "train_dates", lambda *a, **k: pytest.fail("trained before checking"))
+    monkeypatch.setattr(attnkit.dates.translator, "train_dates", lambda *a, **k: pytest.fail("trained before checking"))
     assert cli.main([*argv, *TINY]) == 2
     assert one_line_error(capsys) == message
     assert os.listdir(tmp_path) == []
 
 
 def test_an_output_dir_that_cannot_be_created_is_refused_before_training(tmp_path, monkeypatch, capsys):
-    import attnkit.translation
+    import attnkit.dates.translator
 
-    monkeypatch.setattr(attnkit.translation, "train_dates", lambda *a, **k: pytest.fail("trained before checking"))
+    monkeypatch.setattr(attnkit.dates.translator, "train_dates", lambda *a, **k: pytest.fail("trained before checking"))
     (tmp_path / "file").write_text("")
     target = tmp_path / "file" / "model"
     assert cli.main(["train", *TINY, "--output-dir", str(target)]) == 2

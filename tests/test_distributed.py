@@ -18,7 +18,7 @@ import pytest
 
 from attnkit.cli import main
 from attnkit.distributed import DataParallelPlan, data_parallel_plan
-from attnkit.translation import DateTranslator, TrainConfig, train_dates
+from attnkit.dates.translator import DateTranslator, TrainConfig, train_dates
 from backend_utils import XLA_FAST_COMPILE
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")

@@ -22,9 +22,10 @@ import keras
 import numpy as np
 import pytest
 
-from attnkit.distributed import launcher, training
-from attnkit.distributed.command import parse_coordinator, worker_arguments
-from attnkit.translation import DateTranslator, TrainConfig
+from attnkit.distributed import launcher
+from attnkit.dates import training
+from attnkit.cli.train_processes import parse_coordinator, worker_arguments
+from attnkit.dates.translator import DateTranslator, TrainConfig
 from backend_utils import XLA_FAST_COMPILE
 
 BACKEND = keras.backend.backend()
@@ -237,8 +238,8 @@ def test_checkpoints_are_whole_or_absent(tmp_path):
 
 
 def test_resume_refuses_another_configuration(tmp_path):
-    from attnkit.tasks import dates
-    from attnkit.translation import build_model
+    from attnkit.dates import task as dates
+    from attnkit.dates.translator import build_model
 
     config = TrainConfig(epochs=2, batch_size=4, n_train=8, n_validation=4, d_model=8, h=2, d_ff=8, n=1, rate=0.0)
     model = build_model(config, dates.CharTokenizer())

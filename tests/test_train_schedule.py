@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from attnkit.translation import TrainConfig, make_optimizer
+from attnkit.dates.translator import TrainConfig, make_optimizer
 
 
 def rates(optimizer, steps):

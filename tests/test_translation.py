@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from attnkit.tasks import dates
-from attnkit.translation import DateTranslator, TrainConfig, make_arrays, train_dates
+from attnkit.dates import task as dates
+from attnkit.dates.translator import DateTranslator, TrainConfig, make_arrays, train_dates
 
 # No dropout and small batches: the fastest way to a model good enough to test. Three epochs gave 80%
 # to 93% exact match across seeds and backends (a change of rounding moves a run within that spread);
@@ -87,7 +87,7 @@ def test_the_command_prints_dates_scores_and_flags_line_for_line(trained, tmp_pa
     import math
 
     from attnkit import cli
-    from attnkit.tasks.dates import is_task_date
+    from attnkit.dates.task import is_task_date
 
     translator, validation = trained[0], trained[1]
     translator.save(tmp_path / "model")

@@ -19,11 +19,9 @@ from attnkit.layers import (
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
 )
-from attnkit.models import BertEncoder, PretrainedEncoder, load_pretrained
-from attnkit.models.decoding import Decoded, beam_search, greedy_decode
-from attnkit.models.causal_checkpoint import load_causal_lm
+from attnkit.models.bert import BertEncoder
 from attnkit.models.causal_lm import CausalLM
-from attnkit.models.causal_pretrained import PretrainedCausalLM
+from attnkit.models.decoding import Decoded, beam_search, greedy_decode
 from attnkit.models.transformer import Transformer
 from attnkit.ops import (
     MaskDtypeError,
@@ -36,6 +34,9 @@ from attnkit.ops import (
     scaled_dot_product_attention,
 )
 from attnkit.ops.position_encoding import sinusoidal_position_encoding
+from attnkit.pipelines.causal_checkpoint import load_causal_lm
+from attnkit.pipelines.causal_lm import PretrainedCausalLM
+from attnkit.pipelines.encoder import PretrainedEncoder, load_pretrained
 
 __version__ = "0.1.0"
 

@@ -22,7 +22,7 @@ def tiny_bert_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def translator_dir(tmp_path_factory):
     """A date translator trained for seconds (2 layers, 2 heads) and saved as `attnkit train` saves it."""
-    from attnkit.translation import TrainConfig, train_dates
+    from attnkit.dates.translator import TrainConfig, train_dates
 
     translator, _, _ = train_dates(TrainConfig(**TINY_TRANSLATOR), verbose=0)
     directory = tmp_path_factory.mktemp("translator")
@@ -60,7 +60,7 @@ def write_tiny_llama(path, seed=0):
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from attnkit.models.gguf_checkpoint import bytes_to_unicode
+    from attnkit.checkpoints.formats.gguf import bytes_to_unicode
 
     vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
     vocab["<s>"] = 256

@@ -146,7 +146,7 @@ def test_translator_notes_what_translate_would_mark(translator_source, text, mar
 
 
 def test_translator_notes_an_output_that_is_not_a_date(translator_source):
-    from attnkit.tasks.dates import is_iso_date
+    from attnkit.dates.task import is_iso_date
 
     data = parsed(translator_source.attention("march 3, 2021"))
     assert not is_iso_date(data["output"])  # the tiny model, trained for seconds, writes no date

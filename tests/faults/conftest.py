@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_translator():
-    from attnkit.translation import TrainConfig, train_dates
+    from attnkit.dates.translator import TrainConfig, train_dates
 
     config = TrainConfig(epochs=1, n_train=64, n_validation=8, batch_size=32, d_model=16, h=2, d_ff=32, n=1)
     return train_dates(config, verbose=0)[0]

@@ -16,7 +16,7 @@ import pytest
 from fault_helpers import one_line_error
 
 from attnkit import beam_search, cli, greedy_decode, load_pretrained
-from attnkit.tasks.dates import CharTokenizer, is_iso_date, is_task_date
+from attnkit.dates.task import CharTokenizer, is_iso_date, is_task_date
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
 from pretrained_fixtures import write_tiny_model  # noqa: E402

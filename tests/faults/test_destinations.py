@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from fault_helpers import TINY, contents, one_line_error
 
-import attnkit.translation
+import attnkit.dates.translator
 from attnkit import cli
-from attnkit.models import pretrained
+from attnkit.pipelines import encoder as pretrained
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
 from pretrained_fixtures import write_tiny_model  # noqa: E402
@@ -24,7 +24,7 @@ linux_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs L
 
 @pytest.fixture
 def no_training(monkeypatch):
-    monkeypatch.setattr(attnkit.translation, "train_dates", lambda *a, **k: pytest.fail("trained before refusing"))
+    monkeypatch.setattr(attnkit.dates.translator, "train_dates", lambda *a, **k: pytest.fail("trained before refusing"))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_a_failed_training_removes_the_directories_the_check_created(tmp_path, m
     def broken(*args, **kwargs):
         raise MemoryError("out of memory")
 
-    monkeypatch.setattr(attnkit.translation, "train_dates", broken)
+    monkeypatch.setattr(attnkit.dates.translator, "train_dates", broken)
     assert cli.main(["train", *TINY, "--output-dir", str(tmp_path / "new" / "dir")]) == 1
     assert one_line_error(capsys) == "attnkit: error: MemoryError: out of memory"
     assert os.listdir(tmp_path) == []

@@ -21,7 +21,7 @@ import pytest
 from fault_helpers import TINY, contents
 
 from attnkit import cli
-from attnkit.translation import DateTranslator
+from attnkit.dates.translator import DateTranslator
 
 OUTPUTS = ["model.keras", "translator.json"]
 
@@ -127,7 +127,7 @@ def test_when_restoring_fails_too_the_old_files_are_kept_and_named(tiny_translat
 CHILD = textwrap.dedent(
     """
     import hashlib, json, os, signal, sys
-    from attnkit.translation import DateTranslator
+    from attnkit.dates.translator import DateTranslator
 
     # SIGINT raises KeyboardInterrupt, as Python's default handler does, but only while a save (the
     # code under test) runs: a signal landing in this harness's own bookkeeping is not counted.

@@ -10,8 +10,8 @@ import pytest
 from fault_helpers import one_line_error
 
 from attnkit import Transformer, cli
-from attnkit.tasks.dates import CharTokenizer
-from attnkit.translation import DateTranslator
+from attnkit.dates.task import CharTokenizer
+from attnkit.dates.translator import DateTranslator
 
 ALPHABET = CharTokenizer().alphabet
 

@@ -9,7 +9,7 @@ import keras
 from attnkit.layers import multi_head_attention as mha_module
 from attnkit.layers._keras_mask import with_keras_mask
 from attnkit.layers.position_embedding import LearnedPositionEmbedding, PositionEmbeddingFixedWeights
-from attnkit.ops import _fused
+from attnkit import kernels as _fused
 from backend_utils import to_numpy
 
 B, T, D, VOCAB = 2, 6, 8, 30

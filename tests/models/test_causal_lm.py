@@ -10,7 +10,7 @@ from backend_utils import BACKEND, to_numpy
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import load_causal_lm  # noqa: E402
 from attnkit.models.causal_lm import CausalLM  # noqa: E402
 from attnkit.models.generation import choose, generate  # noqa: E402
 
@@ -469,7 +469,7 @@ def test_a_mistral_config_without_sliding_window_gets_mistrals_default():
     """transformers' MistralConfig defaults sliding_window to 4096 when config.json has no such key;
     attnkit read the missing key as full attention. null stays full attention."""
     transformers = pytest.importorskip("transformers")
-    from attnkit.models.causal_checkpoint import model_arguments
+    from attnkit.pipelines.causal_checkpoint import model_arguments
 
     config = {k: v for k, v in transformers.MistralConfig(num_hidden_layers=2).to_dict().items() if k != "sliding_window"}
     assert model_arguments(config)["sliding_windows"] == [transformers.MistralConfig().sliding_window] * 2 == [4096, 4096]
@@ -563,7 +563,7 @@ def test_mixed_bfloat16_int8_predict_differs_from_eager_only_by_the_attention_ke
     they agree bit for bit: no path of the quantized layers depends on autograd (docs/decisions.md item 93)."""
     import keras
 
-    from attnkit.ops import _fused
+    from attnkit import kernels as _fused
 
     keras.utils.set_random_seed(0)
     model = CausalLM(vocab_size=64, n=2, d_model=32, h=4, d_ff=64, num_kv_heads=2, dtype="mixed_bfloat16")

@@ -6,7 +6,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 
-from attnkit.models.chat_template import render_chat  # noqa: E402
+from attnkit.pipelines.chat_template import render_chat  # noqa: E402
 
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
 

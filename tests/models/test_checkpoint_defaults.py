@@ -10,7 +10,7 @@ import pytest
 from checkpoint_fixtures import TEXTS, copy_checkpoint, edit_json, max_difference, reference_hidden
 
 import attnkit
-from attnkit.models.checkpoints import defaults
+from attnkit.checkpoints.families import defaults
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ from checkpoint_fixtures import FAMILIES, TEXTS, copy_checkpoint, edit_json, max
 
 import attnkit
 from attnkit import cli
-from attnkit.models import export
+from attnkit.checkpoints import export
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -118,7 +118,7 @@ def test_pytorch_weights_without_torch_are_refused_clearly(checkpoints, monkeypa
             raise ImportError("No module named 'torch'")
         return real_import(name, *args, **kwargs)
 
-    from attnkit.models.checkpoints.weights import read_state_dict
+    from attnkit.checkpoints.formats.weights import read_state_dict
 
     path = checkpoints.base("bert", "bin")
     monkeypatch.setattr(builtins, "__import__", no_torch)  # only the reading: the torch backend needs torch

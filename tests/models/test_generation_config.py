@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from attnkit.cli import build_parser  # noqa: E402
 from attnkit.cli import generation as cli_generation  # noqa: E402
-from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import load_causal_lm  # noqa: E402
 
 SMALL = dict(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2)
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11]]

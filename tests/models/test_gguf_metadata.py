@@ -8,7 +8,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from attnkit.models.gguf_checkpoint import read_gguf  # noqa: E402
+from attnkit.checkpoints.formats.gguf import read_gguf  # noqa: E402
 
 
 def _write(path, *, skip=(), arrays=None, **extra):

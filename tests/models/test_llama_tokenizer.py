@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attnkit.models.causal_checkpoint import load_causal_lm, read_hf_tokenizer  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import load_causal_lm, read_hf_tokenizer  # noqa: E402
 
 CORPUS = ["the cat sat on the mat", "hello world", "Hello there, world!", "café naïve", "def f(x):\n    return x+1",
           "  two  spaces", "I'm here. You're there."] * 4
@@ -184,7 +184,7 @@ def test_the_chat_template_gets_the_special_tokens_transformers_gives_it(tmp_pat
     # bos_token null and pad_token unset are undefined there, not "None"
     from types import SimpleNamespace
 
-    from attnkit.models.causal_pretrained import PretrainedCausalLM
+    from attnkit.pipelines.causal_lm import PretrainedCausalLM
 
     settings_ = {"tokenizer_class": class_name, "bos_token": None, "chat_template": "{{ bos_token }}|{{ eos_token }}|"
                  "{{ unk_token is defined }}|{{ pad_token is defined }}|{{ messages[0].content }}"}

@@ -413,7 +413,7 @@ ACCENT_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cafe", "café", "
 def test_vocab_txt_tokenizer_follows_tokenizer_config(tmp_path, settings, expected):
     import json
 
-    from attnkit.models.hf_checkpoint import read_tokenizer
+    from attnkit.checkpoints.tokenizers.hf import read_tokenizer
 
     with open(tmp_path / "vocab.txt", "w", encoding="utf-8") as f:
         f.write("\n".join(ACCENT_VOCAB) + "\n")
@@ -430,7 +430,7 @@ def test_vocab_txt_tokenizer_follows_tokenizer_config(tmp_path, settings, expect
 
 
 def test_invalid_tokenizer_config_setting(tmp_path):
-    from attnkit.models.hf_checkpoint import read_tokenizer
+    from attnkit.checkpoints.tokenizers.hf import read_tokenizer
 
     (tmp_path / "vocab.txt").write_text("\n".join(ACCENT_VOCAB) + "\n", encoding="utf-8")
     (tmp_path / "tokenizer_config.json").write_text('{"strip_accents": "yes"}')

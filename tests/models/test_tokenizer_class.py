@@ -1,5 +1,5 @@
 """tokenizer.json rebuilt as transformers' tokenizer class rebuilds it from tokenizer_config.json
-(`attnkit.models.tokenizer_class`): token ids identical to AutoTokenizer's (and sentence-transformers'
+(`attnkit.checkpoints.tokenizers.tokenizer_class`): token ids identical to AutoTokenizer's (and sentence-transformers'
 embeddings) when tokenizer.json's own pipeline disagrees with tokenizer_config.json or the class's
 defaults; a class not replicated is refused. Checkpoints are copies of the session's random ones,
 with the JSON edited."""

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from attnkit.ops import _fused, linear, scaled_dot_product_attention
+from attnkit import kernels as _fused
+from attnkit.ops import linear, scaled_dot_product_attention
 from backend_utils import BACKEND, to_numpy
 
 HALF_ULP = 2.0**-8  # bfloat16 keeps 8 significant bits: one rounding is within 2^-8 relative

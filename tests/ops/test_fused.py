@@ -10,7 +10,9 @@ import pytest
 from keras import ops
 
 import reference
-from attnkit.ops import _fused, _tiled, broadcast_mask, fused_attention, scaled_dot_product_attention
+from attnkit import kernels as _fused
+from attnkit.kernels import tiled as _tiled
+from attnkit.ops import broadcast_mask, fused_attention, scaled_dot_product_attention
 from backend_utils import BACKEND, to_numpy, value_and_grads
 
 ATOL = 1e-5

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from attnkit.ops import _fused, attention
+from attnkit import kernels as _fused
+from attnkit.ops import attention
 from backend_utils import BACKEND, to_numpy
 
 

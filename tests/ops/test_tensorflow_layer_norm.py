@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attnkit
-from attnkit.ops import _fused
+from attnkit import kernels as _fused
 from backend_utils import BACKEND
 
 pytestmark = pytest.mark.skipif(BACKEND != "tensorflow", reason="tensorflow's graph path")

@@ -11,7 +11,8 @@ import pytest
 from keras import ops
 
 from attnkit.ops import attention, broadcast_mask, fused_attention, scaled_dot_product_attention, set_max_scores_bytes
-from attnkit.ops import _fused, _tiled
+from attnkit import kernels as _fused
+from attnkit.kernels import tiled as _tiled
 from backend_utils import BACKEND, to_numpy, value_and_grads
 
 MiB = 2**20

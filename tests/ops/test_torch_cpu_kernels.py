@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="torch's own CPU kern
 if BACKEND == "torch":
     import torch
 
-    from attnkit.ops import _fused
+    from attnkit import kernels as _fused
 
 
 def _float64_linear(x, kernel, bias, activation):

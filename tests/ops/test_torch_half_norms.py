@@ -18,7 +18,7 @@ if BACKEND == "torch":
     import torch.nn.functional as F
 
     from attnkit.layers._sublayer import call_layer_norm
-    from attnkit.ops import _fused
+    from attnkit import kernels as _fused
 
 DTYPES = ["bfloat16", "float16"]
 

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from attnkit.tasks import dates
+from attnkit.dates import task as dates
 
 def month(name):
     """"march", "mar" or "MAR" -> 3."""

@@ -17,10 +17,10 @@ Errors are one line on stderr and a non-zero exit status, never a traceback.
 
 import contextlib
 import os
-import re
 import sys
 
 from attnkit._interrupts import pressed, watching_ctrl_c
+from attnkit._messages import one_line, original
 from attnkit.cli import explore, generation, pretrained, translation
 from attnkit.cli.errors import CommandError, Parser
 
@@ -94,7 +94,7 @@ def _interrupted():
 
 def _report(raised):
     """Prints `raised` as one line on stderr; returns the exit status."""
-    e = _original(raised)
+    e = original(raised)
     if isinstance(e, BrokenPipeError):
         _silence_stdout()
         return 141
@@ -109,31 +109,6 @@ def _report(raised):
         message = f"{type(e).__name__}: {one_line(e)}"
     print(f"attnkit: error: {message}", file=sys.stderr)
     return 1
-
-
-def _original(error):
-    """The error a tf.function raised, rather than tensorflow's StagingError ("in user code:" and
-    a traceback), which keeps the original as its context."""
-    while str(error).startswith("in user code:") and (error.__cause__ or error.__context__) is not None:
-        error = error.__cause__ or error.__context__
-    return error
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def one_line(error):
-    r"""The first meaningful line of an exception's message, without terminal colour codes.
-
-    Keras re-raises an error from inside a layer's `call` as "Exception encountered when calling
-    X.call().\n\n<the original message, in bold>\n\nArguments received by X.call(): ...": the
-    original message is the line after that header.
-    """
-    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines()]
-    lines = [line for line in lines if line and not line.startswith("Exception encountered when calling")]
-    if not lines:
-        return type(error).__name__
-    return lines[0]
 
 
 def _silence_stdout():

@@ -5,7 +5,6 @@ in order, with exactly one result, and N texts give N results for every N, 0 inc
 """
 
 import sys
-import unicodedata
 
 from attnkit.cli.errors import CommandError
 
@@ -69,22 +68,3 @@ def note_no_texts(args):
     """Says on stderr that the input held no texts (the commands then print no results, exit 0)."""
     source = "stdin" if args.input in (None, "-") else args.input
     print(f"attnkit: note: {source} held no texts", file=sys.stderr)
-
-
-_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
-_LINE_BREAKS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines also breaks on these
-
-
-def field(text):
-    r"""`text` as one tab-separated field on one line: backslash, tab, CR and LF written as \\, \t, \r,
-    \n, the other characters line splitters break on and every other control character (NUL, ESC: a
-    terminal would act on them) as \xNN or \uNNNN; other text unchanged."""
-    out = []
-    for c in text:
-        if c in _ESCAPES:
-            out.append(_ESCAPES[c])
-        elif c in _LINE_BREAKS or unicodedata.category(c) == "Cc":
-            out.append(f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}")
-        else:
-            out.append(c)
-    return "".join(out)

@@ -4,14 +4,13 @@ aside and renamed into place, so an interrupt never leaves a half-written file o
 
 import os
 
+from attnkit._atomic_save import check_replaceable, probe_writable, remove_created, replace_files
 from attnkit.cli.errors import CommandError
 
 
 def check_output_file(path, force):
     """Refuses `path` before any work: an existing file without --force, something that is not a
     regular file, or a directory where no file can be written (proved by writing one)."""
-    from attnkit._atomic_save import check_replaceable, probe_writable, remove_created
-
     directory, name = os.path.split(path)
     directory = directory or "."
     if not name:
@@ -31,7 +30,5 @@ def check_output_file(path, force):
 
 def write_output_file(path, write):
     """`write(aside)` writes the file at a path beside `path`; it then replaces `path` in one rename."""
-    from attnkit._atomic_save import replace_files
-
     directory, name = os.path.split(path)
     replace_files(directory or ".", {name: write})

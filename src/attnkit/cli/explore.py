@@ -14,8 +14,11 @@ import argparse
 import sys
 import threading
 
+from attnkit._interrupts import raise_if_pressed, stopped_by_ctrl_c
 from attnkit.cli._output import check_output_file
 from attnkit.cli.errors import CommandError, non_negative_int, positive_int, utf8_text
+from attnkit.explorer import export, server as explorer_server, sources
+from attnkit.explorer.sources.causal_lm import MAX_NEW_TOKENS
 
 
 def add_commands(commands):
@@ -52,9 +55,6 @@ def _port(text):
 
 
 def _explore(args):
-    from attnkit.explorer.sources import open_model
-    from attnkit.explorer.sources.causal_lm import MAX_NEW_TOKENS
-
     if args.export is not None:
         _check_export(args)
     if args.max_new_tokens is not None and args.max_new_tokens > MAX_NEW_TOKENS:
@@ -63,7 +63,7 @@ def _explore(args):
     options = {"lm": True} if args.lm else {}
     if args.max_new_tokens is not None:
         options["max_new_tokens"] = args.max_new_tokens
-    source = open_model(args.model, **options)
+    source = sources.open_model(args.model, **options)
     if args.export is not None:
         return _export(args, source)
     return _serve(args, source)
@@ -85,10 +85,8 @@ def _check_export(args):
 
 
 def _export(args, source):
-    from attnkit.explorer.export import export_page
-
     try:
-        data = export_page(args.export, source, args.text, force=args.force)
+        data = export.export_page(args.export, source, args.text, force=args.force)
     except FileExistsError as e:
         raise CommandError(str(e)) from None
     for note in data["notes"]:
@@ -111,13 +109,10 @@ def _open_browser(url):
 
 
 def _serve(args, source):
-    from attnkit._interrupts import raise_if_pressed, stopped_by_ctrl_c
-    from attnkit.explorer.server import ExplorerServer
-
     raise_if_pressed()  # a Ctrl-C lost while the model loaded: interrupted, not a server's normal stop
 
     try:
-        server = ExplorerServer(source, args.port, text=args.text)
+        server = explorer_server.ExplorerServer(source, args.port, text=args.text)
     except OSError as e:
         raise CommandError(f"cannot serve on 127.0.0.1:{args.port}: {e.strerror or e}") from None
     try:

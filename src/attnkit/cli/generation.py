@@ -10,6 +10,7 @@ import os
 import sys
 
 from attnkit.cli.errors import positive_int, seed, utf8_text
+from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
 
 def _non_negative_float(text):
@@ -32,8 +33,6 @@ def _probability(text):
 def _load(args, chat=None):
     """The language model of --model, refused before any input is read when it lacks the tokenizer,
     or the chat template that `chat` names (the command that needs it)."""
-    from attnkit.models.causal_checkpoint import load_causal_lm
-
     lm = load_causal_lm(args.model)
     require_tokenizer(lm)
     if chat and not lm.chat_template:

@@ -7,18 +7,21 @@ import os
 import sys
 import warnings
 
-from attnkit.cli._input import field, note_no_texts, read_texts
+from attnkit.checkpoints.export import check_destination
+from attnkit._messages import field
+from attnkit.cli._input import note_no_texts, read_texts
 from attnkit.cli._output import check_output_file, write_output_file
 from attnkit.cli.errors import CommandError, positive_int, utf8_text
 from attnkit.cli.generation import require_tokenizer
+from attnkit.pipelines import encoder as encoder_pipeline
+from attnkit.pipelines.causal_checkpoint import load_causal_lm
+from attnkit.viz import plot_attention
 
 PROGRESS_FROM = 256  # `embed` shows a progress bar from this many texts (when writing to a file)
 
 
 def _load(args):
-    from attnkit.models.pretrained import load_pretrained
-
-    return load_pretrained(args.model)
+    return encoder_pipeline.load_pretrained(args.model)  # looked up now: tests replace it
 
 
 @contextlib.contextmanager
@@ -101,16 +104,12 @@ def _similarity(args):
 
 
 def _heads(args):
-    from attnkit.viz import plot_attention
-
     if args.output == "":
         raise CommandError("--output must not be empty")
     if not args.output.lower().endswith(".png"):
         raise CommandError(f"--output must end in .png. Received: {args.output}")
     check_output_file(args.output, args.force)
     if args.lm:
-        from attnkit.models.causal_checkpoint import load_causal_lm
-
         encoder = load_causal_lm(args.model)
     else:
         encoder = _load(args)  # a GGUF or llama / mistral / qwen2 --model is a language model too
@@ -135,8 +134,6 @@ def _heads(args):
 
 
 def _export(args):
-    from attnkit.models.export import check_destination
-
     if not args.output:
         raise CommandError("DIR must not be empty")
     if os.path.lexists(args.output) and not args.force:

@@ -12,8 +12,17 @@ import os
 import sys
 import time
 
-from attnkit.cli._input import field, note_no_texts, read_texts
+from attnkit._atomic_save import check_replaceable, probe_writable, remove_created, replace_files
+from attnkit._interrupts import ctrl_c_between_batches
+from attnkit.cli import train_processes
+from attnkit._messages import field
+from attnkit.cli._input import note_no_texts, read_texts
 from attnkit.cli.errors import CommandError, non_negative_int, positive_int, seed, utf8_text
+from attnkit.dates import translator as date_translator
+from attnkit.dates.markers import output_marker, refusal
+from attnkit.dates.training import CHECKPOINTS, latest_checkpoint
+from attnkit.dates.translator import DateTranslator, META_FILE, MODEL_FILE, TrainConfig
+from attnkit.viz import plot_attention
 
 PLOT_FILE = "cross_attention.png"
 
@@ -40,8 +49,6 @@ def add_commands(commands):
 
 
 def _training_options(parser, default_dir):
-    from attnkit.translation import TrainConfig
-
     d = TrainConfig()
     parser.add_argument("--epochs", type=positive_int, default=d.epochs, help=f"default {d.epochs}")
     parser.add_argument("--batch-size", type=positive_int, default=d.batch_size, help=f"default {d.batch_size}")
@@ -75,8 +82,6 @@ def _process_options(parser):
 
 
 def _config(args):
-    from attnkit.translation import TrainConfig
-
     if args.d_model % args.heads:
         raise CommandError(f"--d-model ({args.d_model}) must be a multiple of --heads ({args.heads})")
     if not 0 <= args.dropout < 1:
@@ -92,9 +97,6 @@ def _check_output_dir(directory, force, names):
     """Refuses, before any training, an output directory where the files could not be saved: one that
     cannot be created or written (proved by writing a file there), an existing output without --force,
     or one that is not a regular file even with --force. Returns the directories it created."""
-    from attnkit._atomic_save import check_replaceable, probe_writable
-    from attnkit.translation import META_FILE, MODEL_FILE
-
     if not directory:
         raise CommandError("--output-dir must not be empty")
     if os.path.exists(directory) and not os.path.isdir(directory):
@@ -121,8 +123,6 @@ def _check_output_dir(directory, force, names):
 
 def _check_finished_model(directory, force):
     """Refuses to resume into a directory holding a finished run's model without --force."""
-    from attnkit.translation import META_FILE, MODEL_FILE
-
     for name in (MODEL_FILE, META_FILE):
         path = os.path.join(directory, name)
         if os.path.lexists(path) and not force:
@@ -132,8 +132,6 @@ def _check_finished_model(directory, force):
 def _check_no_checkpoints(directory, force):
     """Refuses to start a new run over an earlier run's checkpoints (it would delete them as it saves
     its own) without --resume or --force."""
-    from attnkit.distributed.training import CHECKPOINTS, latest_checkpoint
-
     epoch = latest_checkpoint(os.path.join(directory, CHECKPOINTS))
     if epoch and not force:
         raise CommandError(
@@ -145,8 +143,6 @@ def _check_no_checkpoints(directory, force):
 def _with_output_dir(args, names, run):
     """`run(args)` after `_check_output_dir`; directories the check created are removed again (when
     still empty) if the run fails or is interrupted."""
-    from attnkit._atomic_save import remove_created
-
     created = _check_output_dir(args.output_dir, args.force, names)
     try:
         return run(args)
@@ -156,12 +152,9 @@ def _with_output_dir(args, names, run):
 
 
 def _fit(args):
-    from attnkit._interrupts import ctrl_c_between_batches
-    from attnkit.translation import train_dates
-
     start = time.perf_counter()
     with ctrl_c_between_batches() as stop:
-        translator, validation, _ = train_dates(
+        translator, validation, _ = date_translator.train_dates(
             _config(args), verbose=0 if args.quiet else 1, data_parallel=args.data_parallel,
             log=print if args.data_parallel else None, callbacks=[stop],
         )
@@ -170,21 +163,17 @@ def _fit(args):
 
 def _train(args):
     if args.processes or args.coordinator or args.process_id is not None or args.resume:
-        from attnkit.distributed import command
-
         if args.process_id:  # a worker other than 0: it writes nothing
-            return command.run(args, _config(args), args.parser)
+            return train_processes.run(args, _config(args), args.parser)
         if args.resume:  # the checkpoints are the input; a finished run's model is replaced only with --force
             _check_finished_model(args.output_dir, args.force)
-            return command.run(args, _config(args), args.parser)
+            return train_processes.run(args, _config(args), args.parser)
         # the launcher, or process 0 of a multi-machine run: directories the check made go again on failure
-        from attnkit._atomic_save import remove_created
-
         created = _check_output_dir(args.output_dir, args.force, ())
         _check_no_checkpoints(args.output_dir, args.force)
         status = 1
         try:
-            status = command.run(args, _config(args), args.parser)
+            status = train_processes.run(args, _config(args), args.parser)
             return status
         finally:
             if status != 0:
@@ -208,8 +197,6 @@ def _demo(args):
 def _run_demo(args):
     import keras
 
-    from attnkit._atomic_save import replace_files
-    from attnkit.viz import plot_attention
 
     print(f"attnkit demo: a Transformer learns to normalise dates (backend: {keras.backend.backend()})")
     translator, validation, seconds = _fit(args)
@@ -244,8 +231,6 @@ def _translate(args):
     """One line per input, in order: the input (`field`-escaped), a tab, the ISO date or a <marker>, and
     with --scores a tab and the model's probability of its output ("-" where nothing was decoded). Exit
     status 1, with one summary line on stderr, when any line holds a marker (docs/decisions.md item 26)."""
-    from attnkit.translation import DateTranslator
-
     texts = read_texts(args)
     if not os.path.isdir(args.model):
         raise CommandError(f"model directory {args.model} does not exist")
@@ -271,28 +256,3 @@ def _translate(args):
         print(f"attnkit: error: {len(markers)} of {len(texts)} inputs have no date (input {shown})", file=sys.stderr)
         return 1
     return 0
-
-
-def refusal(translator, text):
-    """The marker of an input the model cannot translate, or None (the explorer notes it too)."""
-    from attnkit.tasks.dates import no_such_date
-
-    if not text.strip():
-        return "<empty>"
-    if len(text) > translator.source_length:
-        return f"<too long: {len(text)} characters, the model takes at most {translator.source_length}>"
-    unknown = translator.unknown_characters(text)
-    if unknown:
-        return f"<unknown characters: {field(unknown)}>"
-    problem = no_such_date(text)
-    if problem:  # the model would still answer some date, with confidence
-        return f"<no such date: {problem}>"
-    return None
-
-
-def output_marker(output):
-    """The marker of a model's output that is not a date of the task's years, or None (the explorer
-    notes it too)."""
-    from attnkit.tasks.dates import is_task_date
-
-    return None if is_task_date(output) else f"<not a date: {field(output)}>"

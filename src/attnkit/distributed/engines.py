@@ -22,6 +22,7 @@ import tempfile
 
 import keras
 
+from attnkit.distributed.local import relax_xla_collective_timeouts
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS
 
 SEED_STRIDE = 1_000_003  # between the dropout seeds of two torch processes
@@ -142,7 +143,6 @@ class JaxEngine(Engine):
 
     def __init__(self, rank, world, host, port, timeout):
         super().__init__(rank, world)
-        from attnkit.distributed.local import relax_xla_collective_timeouts
 
         relax_xla_collective_timeouts()
         import jax

@@ -17,9 +17,10 @@ import sys
 import threading
 from urllib.parse import parse_qs, urlsplit
 
+from attnkit._messages import one_line, original
 from attnkit.explorer.contract import to_json
 from attnkit.explorer.page import render_page
-from attnkit.explorer.sources import BadInput, check_text
+from attnkit.explorer.sources.checks import BadInput, check_text
 
 HOST = "127.0.0.1"
 ENDPOINT = "/api/attention"
@@ -146,9 +147,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._json(400, {"error": str(e)})
         except Exception as e:  # noqa: BLE001 - the page shows every failure as a message
             # The CLI's reduction: tensorflow's StagingError unwrapped, Keras's wrapped message to its line.
-            from attnkit.cli import _original, one_line
-
-            e = _original(e)
+            e = original(e)
             message = f"The model failed on this text: {type(e).__name__}: {one_line(e)}"
             print(f"attnkit explore: {message}", file=sys.stderr)  # one line in the terminal too
             self._json(500, {"error": message})

@@ -27,7 +27,7 @@ import keras
 from keras.src.backend.common.variables import AutocastScope, get_autocast_scope  # no public names in Keras 3
 
 from attnkit.layers._policies import own_policy
-from attnkit.ops import _fused
+from attnkit import kernels
 
 
 def call_sublayer(layer, *args, **kwargs):
@@ -164,7 +164,7 @@ def call_layer_norm(norm, x):
 
     On torch that is one `torch.nn.functional.layer_norm` (the call Keras's layer makes there, so the
     same numbers), made directly where `call_sublayer` would skip `__call__` anyway; on tensorflow,
-    inside a `tf.function`, Keras's formula compiled as one XLA function (`_fused.tensorflow_layer_norm`).
+    inside a `tf.function`, Keras's formula compiled as one XLA function (`kernels.tensorflow_layer_norm`).
     """
     if (
         isinstance(norm, keras.layers.LayerNormalization)
@@ -173,7 +173,7 @@ def call_layer_norm(norm, x):
         and norm.axis in ([-1], [len(x.shape) - 1])
         and not _keras_call_needed(norm, (x,), reads_cast_variables=False)
     ):
-        y = _fused.layer_norm(x, norm.gamma if norm.scale else None, norm.beta if norm.center else None, norm.epsilon)
+        y = kernels.layer_norm(x, norm.gamma if norm.scale else None, norm.beta if norm.center else None, norm.epsilon)
         if y is not None:
             return y
     return call_sublayer(norm, x)

@@ -13,7 +13,7 @@ from attnkit._validation import positive_int
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._policies import SublayerPolicies
-from attnkit.ops import _fused
+from attnkit import kernels
 from attnkit.ops.attention import masked_softmax
 from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
 from attnkit.layers.linear import Linear
@@ -78,7 +78,7 @@ class AdditiveAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
             # Keras filled the keys' (B, T_k) padding mask (e.g. from `Embedding(mask_zero=True)`).
             keep = combine_masks(keep, ops.expand_dims(key_padding, 1))  # (B, T_q, T_k) or (B, 1, T_k)
         weights = masked_softmax(scores, keep)  # (B, T_q, T_k)
-        context = _fused.matmul(weights, value)  # (B, T_q, d_v); float64 stays float64 on torch
+        context = kernels.matmul(weights, value)  # (B, T_q, d_v); float64 stays float64 on torch
         if single_step:
             context = ops.squeeze(context, 1)  # (B, d_v)
         return context, weights

@@ -19,7 +19,7 @@ from attnkit.layers.multi_head_attention import SIDE_BY_SIDE, MultiHeadAttention
 from attnkit.layers.residual import Residual
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.layers.swiglu import SwiGLUFeedForward
-from attnkit.ops import _fused
+from attnkit import kernels as _fused
 from attnkit.ops.rotary import apply_rotary
 
 

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from attnkit.ops import _fused
+from attnkit import kernels
 
 
 class KVCache:
@@ -70,7 +70,7 @@ class KVCache:
 
     def update(self, layer, k, v, start):
         """Writes k, v (B, h_kv, T, d_k) at slots [start, start + T); returns slots [0, S) of both, S = `attended`."""
-        if _fused._is_torch_tensor(k):
+        if kernels._is_torch_tensor(k):
             # In place: the buffer is written, not copied, every step.
             self.keys[layer][:, :, start : start + k.shape[2]] = k
             self.values[layer][:, :, start : start + k.shape[2]] = v

@@ -16,7 +16,7 @@ from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import check_built_width
 from attnkit.layers._sublayer import call_sublayer, in_own_scope
 from attnkit.layers.linear import Linear
-from attnkit.ops import _fused
+from attnkit import kernels
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
 from attnkit.ops.grouped_attention import grouped_query_attention
 from attnkit.ops.linear import linear
@@ -160,7 +160,7 @@ class MultiHeadAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
             One (B, h, T, d) tensor per projection.
         """
         parts = project_side_by_side(x, projections, self.compute_dtype)  # (B, T, h * d) each
-        return [_fused.split_heads(part, self._heads(d), d.units // self._heads(d)) for part, d in zip(parts, projections)]  # (B, h, T, d)
+        return [kernels.split_heads(part, self._heads(d), d.units // self._heads(d)) for part, d in zip(parts, projections)]  # (B, h, T, d)
 
     @in_own_scope
     def project_keys_values(self, keys, values):
@@ -208,14 +208,14 @@ class MultiHeadAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
         d = projection.units // heads
         if projection_path((projection,)) == PER_HEAD:
             x = ops.cast(x, self.compute_dtype)
-            return _fused.project_into_heads(x, *self._kernel_and_bias(projection), heads, d)
-        return _fused.split_heads(call_sublayer(projection, x), heads, d)  # (B, T, heads * d) -> (B, heads, T, d)
+            return kernels.project_into_heads(x, *self._kernel_and_bias(projection), heads, d)
+        return kernels.split_heads(call_sublayer(projection, x), heads, d)  # (B, T, heads * d) -> (B, heads, T, d)
 
     def _from_heads(self, heads):
         """Step 3 and 4: the heads side by side, projected by W_o: (B, h, T_q, d_v) -> (B, T_q, d_model)."""
         if projection_path((self.W_o,)) == PER_HEAD:
-            return _fused.project_from_heads(heads, *self._kernel_and_bias(self.W_o))
-        concat = _fused.merge_heads(heads)  # (B, h, T_q, d_v) -> (B, T_q, h * d_v)
+            return kernels.project_from_heads(heads, *self._kernel_and_bias(self.W_o))
+        concat = kernels.merge_heads(heads)  # (B, h, T_q, d_v) -> (B, T_q, h * d_v)
         return call_sublayer(self.W_o, concat)
 
     def _kernel_and_bias(self, projection):
@@ -334,9 +334,9 @@ def projection_path(projections, shared_input=False):
     """How to compute `projections` (Dense layers): SIDE_BY_SIDE (several projections of one input as
     one matmul, only when `shared_input`), PER_HEAD (einsums into and out of the heads) or DENSE."""
     plain = _plain(*projections)
-    if shared_input and len(projections) > 1 and plain and _fused.fuses_projections():
+    if shared_input and len(projections) > 1 and plain and kernels.fuses_projections():
         return SIDE_BY_SIDE
-    if plain and _fused.projects_into_heads():
+    if plain and kernels.projects_into_heads():
         return PER_HEAD
     return DENSE
 
@@ -350,19 +350,19 @@ def attention_path(grouped, with_weights):
 
 def project_side_by_side(x, projections, dtype):
     """x (B, T, d_in) through Dense layers of one input as one matmul with their kernels side by side
-    ([W_q | W_k | W_v], [W_gate | W_up]), the joined kernel kept between calls (`_fused.concat_last`):
+    ([W_q | W_k | W_v], [W_gate | W_up]), the joined kernel kept between calls (`kernels.concat_last`):
     one pass over x and one larger GEMM instead of several. For paths chosen SIDE_BY_SIDE.
 
     Returns:
         One (B, T, units) tensor per projection, in order.
     """
-    kernel = _fused.concat_last([d.kernel for d in projections], dtype)  # (d_in, sum units)
+    kernel = kernels.concat_last([d.kernel for d in projections], dtype)  # (d_in, sum units)
     use_bias = [d.bias is not None for d in projections]
     if any(use_bias) and not all(use_bias):
         raise ValueError(f"`projections` must all have biases or none. Received: use_bias={use_bias}")
-    bias = _fused.concat_last([d.bias for d in projections], dtype) if all(use_bias) else None  # (sum units,)
+    bias = kernels.concat_last([d.bias for d in projections], dtype) if all(use_bias) else None  # (sum units,)
     y = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, sum units)
-    return _fused.split_last(y, [d.units for d in projections])
+    return kernels.split_last(y, [d.units for d in projections])
 
 
 def _plain(*projections):

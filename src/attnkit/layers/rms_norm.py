@@ -13,8 +13,8 @@ from keras import ops
 
 from attnkit._validation import positive_float
 from attnkit.layers._call_checks import CheckedCall
-from attnkit.ops import _fused
-from attnkit.ops._numerics import constant, scores_dtype
+from attnkit import kernels
+from attnkit.kernels.numerics import constant, scores_dtype
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -54,7 +54,7 @@ class RMSNorm(CheckedCall, keras.layers.Layer):
             raise ValueError(
                 f"`x` must have last dimension {self.gamma.shape[0]}, the built width. Received: x.shape={tuple(x.shape)}"
             )
-        fused = _fused.rms_norm(x, self.gamma, self.epsilon)
+        fused = kernels.rms_norm(x, self.gamma, self.epsilon)
         if fused is not None:
             return fused
         dtype = keras.backend.standardize_dtype(x.dtype)

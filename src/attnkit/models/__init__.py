@@ -1,6 +1,6 @@
-"""Models built from attnkit's layers, and loading pretrained checkpoints into them."""
+"""Models built from attnkit's layers (Transformer, BertEncoder, CausalLM) and their runtime: decoding,
+generation, inference functions. Checkpoint reading is in `attnkit.checkpoints`, loading in `attnkit.pipelines`."""
 
 from attnkit.models.bert import BertEncoder
-from attnkit.models.pretrained import PretrainedEncoder, load_pretrained
 
-__all__ = ["BertEncoder", "PretrainedEncoder", "load_pretrained"]
+__all__ = ["BertEncoder"]

@@ -25,7 +25,7 @@ import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public name in Keras 3
 
 from attnkit.layers._policies import own_policy
-from attnkit.ops import _fused
+from attnkit import kernels as _fused
 from attnkit.ops.attention import fused_attention
 from attnkit.ops.grouped_attention import grouped_query_attention
 

@@ -28,7 +28,7 @@ from attnkit.layers.kv_cache import KVCache, keep_mask
 from attnkit.layers.position_embedding import embedding_table
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.models import _torch_decoding
-from attnkit.ops import _fused
+from attnkit import kernels as _fused
 from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
 
 

@@ -8,9 +8,9 @@ d_k query/key width, d_v value width.
 Two paths give the same numbers (tested):
 - `scaled_dot_product_attention` is explicit (matmul, softmax, matmul) and returns the weights too.
 - `fused_attention` returns the output only and, when attention dropout is inactive, runs the
-  backend's fused kernel (`_fused.py`), whose memory does not grow as T_q * T_k. Where the backend
+  backend's fused kernel (`kernels.py`), whose memory does not grow as T_q * T_k. Where the backend
   has no such kernel (tensorflow; jax on CPU, whose kernel materializes the scores), long sequences
-  run tile by tile with an online softmax (`_tiled.py`), so that only a few (..., bq, bk) tiles of
+  run tile by tile with an online softmax (`tiled.py`), so that only a few (..., bq, bk) tiles of
   scores are alive at once.
 
 The explicit path materializes the (..., T_q, T_k) scores: above a memory budget (2 GiB by default;
@@ -31,12 +31,13 @@ import numpy as np
 from keras import ops
 
 from attnkit._validation import boolean, floating, positive_float, positive_int, rate
-from attnkit.ops import _fused, _tiled
-from attnkit.ops._numerics import HALF_DTYPES, constant, scores_dtype
+from attnkit import kernels
+from attnkit.kernels import tiled
+from attnkit.kernels.numerics import HALF_DTYPES, constant, scores_dtype
 from attnkit.ops.masks import _shape_str, broadcast_mask
 
 DEFAULT_MAX_SCORES_BYTES = 2 * 1024**3
-# Without a memory-efficient kernel, `fused_attention` computes the scores tile by tile (`_tiled.py`)
+# Without a memory-efficient kernel, `fused_attention` computes the scores tile by tile (`tiled.py`)
 # once the whole scores would exceed TILED_ABOVE_BYTES (or the budget, if lower).
 TILED_ABOVE_BYTES = 64 * 1024**2
 MAX_SCORES_ENV = "ATTNKIT_MAX_SCORES_BYTES"
@@ -118,7 +119,7 @@ def tile_for(scores_shape, dtype):
     size = math.prod(d or 1 for d in lead) * q_len * k_len * np.dtype(score_dtype).itemsize
     if size <= min(TILED_ABOVE_BYTES, max_scores_bytes()):
         return None
-    return _tiled.tile_shape(scores_shape, score_dtype, min(_tiled.TILE_BYTES, max_scores_bytes()))
+    return tiled.tile_shape(scores_shape, score_dtype, min(tiled.TILE_BYTES, max_scores_bytes()))
 
 
 def _tensors(queries, keys, values):
@@ -205,7 +206,7 @@ def _masked_softmax(scores, keep, for_output_only):
     happens only when the row's sum is NaN, and then every kept weight, so the row's output, is NaN
     too. Under XLA on the CPU the select after the softmax ran the attention 2-4x slower than the
     multiplication (docs/decisions.md item 74); its gradient is still the select's
-    (`_fused.times_mask`), and the weights `scaled_dot_product_attention` returns keep their exact
+    (`kernels.times_mask`), and the weights `scaled_dot_product_attention` returns keep their exact
     zeros.
     """
     dtype = keras.backend.standardize_dtype(scores.dtype)
@@ -214,7 +215,7 @@ def _masked_softmax(scores, keep, for_output_only):
     if keep is not None:
         # Masked scores are -inf, so a row whose kept scores are all -inf is NaN (0 / 0), as it is
         # unmasked; a row with no key kept gets the lowest finite score instead, a finite (uniform)
-        # softmax that the mask then zeroes. `_fused._torch_bmm` and `_tiled` give the same numbers.
+        # softmax that the mask then zeroes. `kernels._torch_bmm` and `_tiled` give the same numbers.
         has_key = ops.any(keep, axis=-1, keepdims=True)  # (..., T_q|1, 1)
         fill = ops.where(has_key, constant(-np.inf, softmax_dtype), constant(np.finfo(softmax_dtype).min, softmax_dtype))
         scores = ops.where(keep, scores, fill)
@@ -225,7 +226,7 @@ def _masked_softmax(scores, keep, for_output_only):
     else:
         weights = ops.softmax(scores, axis=-1)
     if keep is not None and for_output_only:
-        weights = _fused.times_mask(weights, keep)
+        weights = kernels.times_mask(weights, keep)
     elif keep is not None:
         # Exact zeros where masked; a row with no key left is all zeros instead of uniform.
         weights = ops.where(keep, weights, ops.zeros((), softmax_dtype))
@@ -280,7 +281,7 @@ def fused_attention(
     jax's accelerators `jax.nn.dot_product_attention`, elsewhere the explicit path. Where that path
     would materialize scores above min(TILED_ABOVE_BYTES, max_scores_bytes()) (tensorflow, jax on
     CPU), they are computed a tile at a time instead, with an online softmax and a written-out
-    gradient (`_tiled.py`): memory grows as T_q + T_k, not T_q * T_k, and nothing is refused.
+    gradient (`tiled.py`): memory grows as T_q + T_k, not T_q * T_k, and nothing is refused.
     """
     queries, keys, values = _tensors(queries, keys, values)
     causal, training = boolean("causal", causal), boolean("training", training)
@@ -288,7 +289,7 @@ def fused_attention(
     dropout = rate("dropout", dropout)
     if dropout > 0 and training:
         return _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed)[0]
-    if not _fused.has_kernel(queries, values):
+    if not kernels.has_kernel(queries, values):
         output = _in_tiles(queries, keys, values, mask, causal, scale)
         if output is not None:
             return output
@@ -300,7 +301,7 @@ def fused_attention(
         keep, fused_causal = None, True
     else:
         keep, fused_causal = keep_mask(mask, causal, scores_shape, lengths), False
-    output = _fused.attention(queries, keys, values, keep, fused_causal, scale)
+    output = kernels.attention(queries, keys, values, keep, fused_causal, scale)
 
     def without_kernel():  # tiles if the scores would be large, else the explicit path
         tiled = _in_tiles(queries, keys, values, mask, causal, scale)
@@ -311,8 +312,8 @@ def fused_attention(
     if keras.backend.backend() == "jax":
         # jax's kernels fill masked scores with a large finite number, so a row whose kept scores are
         # all -inf averages the masked values instead of giving NaN: inputs that are not all finite
-        # take the other path, as torch's do (`_fused._finite`).
-        output = _fused.if_finite((queries, keys, values), output, without_kernel)
+        # take the other path, as torch's do (`kernels._finite`).
+        output = kernels.if_finite((queries, keys, values), output, without_kernel)
     return output
 
 
@@ -325,7 +326,7 @@ def _in_tiles(queries, keys, values, mask, causal, scale):
     if tile is None:
         return None
     keep = None if mask is None else broadcast_mask(mask, scores_shape)
-    return _tiled.tiled_attention(queries, keys, values, keep, causal, scale, tile)
+    return tiled.tiled_attention(queries, keys, values, keep, causal, scale, tile)
 
 
 def _explicit(queries, keys, values, mask, causal, scale, dropout, training, seed, output_only=False):
@@ -340,7 +341,7 @@ def _explicit(queries, keys, values, mask, causal, scale, dropout, training, see
     attended = weights
     if training and dropout > 0:
         attended = keras.random.dropout(weights, dropout, seed=seed)
-    return _fused.matmul(attended, values), weights  # (..., T_q, d_v), (..., T_q, T_k)
+    return kernels.matmul(attended, values), weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
 def _scores(queries, keys, scale):
@@ -348,11 +349,11 @@ def _scores(queries, keys, scale):
     # float16 scores overflow (max 65504) once |q . k| * scale is large, e.g. inputs of 100 with
     # d_k = 64: compute them in float32, where the softmax runs anyway, as the fused kernels do.
     score_dtype = scores_dtype(keras.backend.standardize_dtype(queries.dtype))
-    if _fused._jax_bfloat16(queries, keys):
+    if kernels._jax_bfloat16(queries, keys):
         # XLA multiplies the bfloat16 factors exactly into float32 products, 2.5x faster than
         # float32 factors; the scale then multiplies the float32 scores.
-        scores = _fused.times_keys(queries, keys, float32_products=True)
+        scores = kernels.times_keys(queries, keys, float32_products=True)
         return scores * constant(scale, score_dtype)
     # Scale the queries, not the scores: fewer multiplications.
     scaled_queries = ops.cast(queries, score_dtype) * constant(scale, score_dtype)
-    return _fused.times_keys(scaled_queries, ops.cast(keys, score_dtype))
+    return kernels.times_keys(scaled_queries, ops.cast(keys, score_dtype))

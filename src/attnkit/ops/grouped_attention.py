@@ -12,7 +12,7 @@ Legend: B batch, h query heads, h_kv key/value heads, T_q/T_k lengths, d_k/d_v w
 
 from keras import ops
 
-from attnkit.ops import _fused
+from attnkit import kernels
 from attnkit.ops.attention import (
     default_scale,
     fused_attention,
@@ -71,7 +71,7 @@ def grouped_query_attention(
     options = dict(causal=causal, scale=scale, dropout=dropout, training=training, seed=seed)
     if return_attention_weights:
         return scaled_dot_product_attention(queries, repeat_kv(keys, groups), repeat_kv(values, groups), mask, **options)
-    if groups > 1 and _fused._is_torch_tensor(queries) and not (dropout > 0 and training):
+    if groups > 1 and kernels._is_torch_tensor(queries) and not (dropout > 0 and training):
         output = _torch_gqa(queries, keys, values, mask, causal, scale)
         if output is not None:
             return output
@@ -92,10 +92,10 @@ def _torch_gqa(queries, keys, values, mask, causal, scale):
         keep, fused_causal = None, True
     else:
         keep, fused_causal = keep_mask(mask, causal, scores_shape, (q_len, k_len)), False
-    if _fused._bmm_takes(queries, keys, values):
+    if kernels._bmm_takes(queries, keys, values):
         # bfloat16 on the CPU: the explicit path's arithmetic, in which NaN and Inf propagate.
-        return _fused._torch_bmm(queries, keys, values, keep, fused_causal, scale)
-    if not _fused._finite(queries, keys, values):
+        return kernels._torch_bmm(queries, keys, values, keep, fused_causal, scale)
+    if not kernels._finite(queries, keys, values):
         return None
     if keep is not None and queries.device.type != "cpu":
         return None

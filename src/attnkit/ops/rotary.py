@@ -14,7 +14,7 @@ import numpy as np
 from keras import ops
 
 from attnkit._validation import positive_float, positive_int
-from attnkit.ops import _fused
+from attnkit import kernels
 
 # rope_scaling / rope_parameters "rope_type"s attnkit does not implement; refused by name.
 IMPLEMENTED_ROPE_TYPES = ("default",)
@@ -103,7 +103,7 @@ def apply_rotary(x, cos, sin):
         raise ValueError(
             f"`x` must have width {cos.shape[-1]}, the rotary angles' width. Received: x.shape={tuple(x.shape)}"
         )
-    fused = _fused.rotate(x, cos, sin)
+    fused = kernels.rotate(x, cos, sin)
     if fused is not None:
         return fused
     cos, sin = ops.cast(cos, x.dtype), ops.cast(sin, x.dtype)

@@ -20,47 +20,29 @@ the page's step slider, playback and views handle it (the date translator uses t
 
 import os
 
+from attnkit.dates.translator import META_FILE
+from attnkit.explorer.sources.checks import BadInput, check_text
+from attnkit.explorer.sources.causal_lm import CausalLMSource, check_max_new_tokens
+from attnkit.explorer.sources.encoder import EncoderSource
+from attnkit.explorer.sources.translator import TranslatorSource
+from attnkit.pipelines.causal_checkpoint import is_causal_checkpoint
 
-class BadInput(ValueError):
-    """Text a source refuses (empty, not valid Unicode): a message in the page, HTTP 400 from the server."""
-
-
-def check_text(text):
-    """`text` as a non-empty string; raises `BadInput` (empty, only spaces, or a lone surrogate) or TypeError."""
-    if not isinstance(text, str):
-        raise TypeError(f"`text` must be a string. Received: text of type {type(text).__name__}")
-    try:  # JSON's "\ud800" escape gives a lone surrogate: no tokenizer takes it, no UTF-8 answer holds it
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise BadInput(
-            f"The text is not valid Unicode: a lone surrogate \\u{ord(text[e.start]):04x} at offset {e.start}"
-        ) from None
-    if not text.strip():
-        raise BadInput("The text is empty: type a sentence to see its attention.")
-    return text
+__all__ = ["BadInput", "check_text", "open_model"]
 
 
 def _is_translator(path):
-    from attnkit.translation import META_FILE
-
     return os.path.isfile(os.path.join(path, META_FILE))
 
 
 def _open_translator(path):
-    from attnkit.explorer.sources.translator import TranslatorSource
-
     return TranslatorSource.load(path)
 
 
 def _is_causal_lm(path):
-    from attnkit.models.causal_checkpoint import is_causal_checkpoint
-
     return is_causal_checkpoint(path)
 
 
 def _open_causal_lm(path):
-    from attnkit.explorer.sources.causal_lm import CausalLMSource
-
     return CausalLMSource.load(path)
 
 
@@ -69,8 +51,6 @@ def _is_encoder(path):
 
 
 def _open_encoder(path):
-    from attnkit.explorer.sources.encoder import EncoderSource
-
     return EncoderSource.load(path)
 
 
@@ -93,7 +73,6 @@ def open_model(path=None, *, lm=False, max_new_tokens=None):
             for a model that is not a language model; a bad `max_new_tokens`.
     """
     if max_new_tokens is not None:  # before a model is read
-        from attnkit.explorer.sources.causal_lm import check_max_new_tokens
 
         check_max_new_tokens(max_new_tokens)
     source = _open(path, lm)

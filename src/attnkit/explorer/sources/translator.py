@@ -15,8 +15,11 @@ import os
 
 import numpy as np
 
-from attnkit.explorer.contract import Attention, Steps, make_data
-from attnkit.explorer.sources import BadInput, check_text
+from attnkit.dates.markers import output_marker, refusal
+from attnkit.dates.translator import DateTranslator
+from attnkit.explorer.contract import Attention, make_data, Steps
+from attnkit.explorer.sources.checks import BadInput, check_text
+from attnkit.models.decoding import greedy_decode
 
 
 def _numpy(x):
@@ -48,8 +51,6 @@ class TranslatorSource:
 
     @classmethod
     def load(cls, path):
-        from attnkit.translation import DateTranslator
-
         return cls(DateTranslator.load(path), os.path.basename(os.path.abspath(path)))
 
     def describe(self):
@@ -65,9 +66,6 @@ class TranslatorSource:
         Raises:
             BadInput: an empty text, or one whose first `source_length` characters are blank.
         """
-        from attnkit.cli.translation import output_marker, refusal
-        from attnkit.models.decoding import greedy_decode
-
         check_text(text)
         translator, tok = self.translator, self.translator.tokenizer
         source_text, notes = self._truncated(text)

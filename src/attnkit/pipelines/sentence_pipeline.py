@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attnkit.models.checkpoints._json import read_json
+from attnkit.checkpoints.formats.json import read_json
+from attnkit.checkpoints.formats.weights import read_state_dict
 
 MODULES_FILE = "modules.json"
 MODULE_KINDS = ("Transformer", "Pooling", "Dense", "Normalize")
@@ -264,8 +265,6 @@ def _read_pooling(path, d_model):
 
 
 def _read_dense(path, d_in):
-    from attnkit.models.checkpoints.weights import read_state_dict
-
     file = os.path.join(path, "config.json")
     config = read_json(file)
     for key in ("in_features", "out_features"):

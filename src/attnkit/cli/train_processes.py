@@ -13,9 +13,12 @@ import time
 
 import keras
 
+from attnkit._messages import one_line
 from attnkit.cli.errors import CommandError
-from attnkit.distributed import engines, launcher, training
-from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, Deadline, StepWatchdog
+from attnkit.dates import training
+from attnkit.dates.translator import DateTranslator
+from attnkit.distributed import engines, launcher
+from attnkit.distributed.watchdog import Deadline, FIRST_STEP_SECONDS, StepWatchdog
 
 # The engine's own time-out (--timeout) ends a failed join; this deadline, later, ends one that hangs.
 JOIN_GRACE_SECONDS = 10
@@ -109,7 +112,6 @@ def _worker(args, config, backend):
         launcher.check_ports(host, [listens[rank]])
     elif backend != "tensorflow" and rank == 0:
         launcher.check_ports(host, listens)
-    from attnkit.cli import one_line
 
     log = _printer if rank == 0 else (lambda line: None)
     start = time.perf_counter()
@@ -133,7 +135,6 @@ def _worker(args, config, backend):
         config, engine, checkpoint_dir=checkpoints, resume=args.resume, callbacks=[watchdog], log=log,
     )
     seconds = time.perf_counter() - start
-    from attnkit.translation import DateTranslator
 
     with engine.saving_directory(args.output_dir) as directory:
         # written aside and renamed into place (docs/decisions.md item 23)

@@ -23,7 +23,7 @@ transformers adds (tokenizer_config.json's added_tokens_decoder, special tokens,
 import json
 import os
 
-from attnkit.models import added_tokens
+from attnkit.checkpoints.tokenizers import added_tokens
 
 # AutoTokenizer's class for a model_type when no tokenizer_class is named (TOKENIZER_MAPPING_NAMES)
 _CLASS_OF_MODEL_TYPE = {"bert": "BertTokenizer", "distilbert": "BertTokenizer", "electra": "BertTokenizer",

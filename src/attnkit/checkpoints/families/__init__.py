@@ -6,9 +6,9 @@ item 27), the weight files (item 28), strict matching of config against weights 
 
 import os
 
-from attnkit.models.checkpoints import bert, distilbert, electra, roberta
-from attnkit.models.checkpoints.defaults import with_defaults
-from attnkit.models.checkpoints._json import read_json
+from attnkit.checkpoints.families import bert, distilbert, electra, roberta
+from attnkit.checkpoints.families.defaults import with_defaults
+from attnkit.checkpoints.formats.json import read_json
 
 FAMILIES = (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, electra.FAMILY)
 CONFIG_FILE = "config.json"

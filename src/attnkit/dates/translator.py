@@ -25,7 +25,7 @@ from attnkit.distributed import data_parallel_plan, single_device_plan
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, STEP_SECONDS, StepWatchdog
 from attnkit.models.decoding import beam_search, greedy_decode
 from attnkit.models.transformer import Transformer
-from attnkit.tasks import dates
+from attnkit.dates import task as dates
 
 MODEL_FILE, META_FILE = "model.keras", "translator.json"
 TARGET_LENGTH = 12  # start + "YYYY-MM-DD" + end

@@ -16,7 +16,7 @@ import tempfile
 
 import numpy as np
 
-from attnkit.models.checkpoints.weights import export_tensors
+from attnkit.checkpoints.formats.weights import export_tensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "added_tokens.json", "sentencepiece.bpe.model", "spiece.model")

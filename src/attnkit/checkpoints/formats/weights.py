@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from attnkit.models.checkpoints._json import REQUIRED, read_json
+from attnkit.checkpoints.formats.json import REQUIRED, read_json
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PYTORCH, PYTORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"

@@ -4,8 +4,8 @@ transformers' RobertaEmbeddings gives real tokens positions padding_idx + 1, pad
 padding tokens padding_idx: `BertEncoder(positions="after_padding")`. Its token-type table has one row.
 """
 
-from attnkit.models.checkpoints import _bert_layout
-from attnkit.models.checkpoints.family import Family
+from attnkit.checkpoints.families import _bert_layout
+from attnkit.checkpoints.families.family import Family
 
 
 def arguments(file, config):

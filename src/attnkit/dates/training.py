@@ -26,7 +26,8 @@ import keras
 import numpy as np
 
 from attnkit._seed import set_random_seed
-from attnkit.tasks import dates
+from attnkit.dates import task as dates
+from attnkit.dates.translator import build_model, make_arrays, make_optimizer
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS_FILE, STATE_FILE = "model.weights.h5", "state.json"
@@ -52,7 +53,7 @@ def train(config, engine, *, checkpoint_dir=None, resume=False, callbacks=(), lo
     """Trains the date Transformer as process `engine.rank` of `engine.world`.
 
     Args:
-        config: an `attnkit.translation.TrainConfig`.
+        config: an `attnkit.dates.translator.TrainConfig`.
         engine: an `attnkit.distributed.engines.Engine`.
         checkpoint_dir: where process 0 writes a checkpoint after each epoch; None: no checkpoints.
         resume: continue from the last complete checkpoint in `checkpoint_dir`.
@@ -66,8 +67,6 @@ def train(config, engine, *, checkpoint_dir=None, resume=False, callbacks=(), lo
     Raises:
         ValueError: `resume` without a checkpoint, or with one written for another configuration.
     """
-    from attnkit.translation import build_model, make_arrays, make_optimizer
-
     set_random_seed(config.seed)
     tokenizer = dates.CharTokenizer()
     train_pairs, validation = dates.train_validation_split(config.n_train, config.n_validation, seed=config.seed)

@@ -15,7 +15,7 @@ Legend: B prompts, T tokens, h heads, V vocabulary.
 import numpy as np
 from keras import ops
 
-from attnkit.models.chat_template import render_chat
+from attnkit.pipelines.chat_template import render_chat
 from attnkit.models.generation import check_stop_tokens, generate_tokens
 from attnkit.models.generation import generate as generate_ids
 
@@ -31,7 +31,7 @@ class PretrainedCausalLM:
             as in transformers' `special_tokens_map`: undefined in the chat template, not "None").
         stop_ids: ids that end a generation by default (the end-of-sequence token(s)).
         generation_defaults: {option: value} the generation methods use for options not given (a
-            directory's generation_config.json: `attnkit.models.generation_config`); {} = greedy.
+            directory's generation_config.json: `attnkit.checkpoints.generation_config`); {} = greedy.
         pad_id: the id padding batched prompts (never attended to).
         path: where the model was read from.
     """

@@ -1,8 +1,9 @@
 """ELECTRA (the discriminator, or ElectraModel): BERT's tensor names with embeddings of width
 `embedding_size`, projected to `hidden_size` by `embeddings_project` when the two differ. No pooler."""
 
-from attnkit.models.checkpoints import _bert_layout, _fields
-from attnkit.models.checkpoints.family import Family
+from attnkit.checkpoints.families import _bert_layout
+from attnkit.checkpoints.formats import fields as _fields
+from attnkit.checkpoints.families.family import Family
 
 
 def arguments(file, config):

@@ -21,11 +21,15 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from attnkit.models import checkpoints, hf_checkpoint, sentence_pipeline
+from attnkit._validation import positive_int
+from attnkit.checkpoints import families as checkpoints
+from attnkit.checkpoints.export import save_pretrained
+from attnkit.checkpoints.formats import weights
+from attnkit.checkpoints.tokenizers import hf as hf_checkpoint
 from attnkit.models._inference import inference_function
-from attnkit.models.causal_checkpoint import is_causal_checkpoint, load_causal_lm
 from attnkit.models.bert import BertEncoder
-from attnkit.models.checkpoints import weights
+from attnkit.pipelines import sentence_pipeline
+from attnkit.pipelines.causal_checkpoint import is_causal_checkpoint, load_causal_lm
 
 
 def default_model_path():
@@ -243,8 +247,6 @@ class PretrainedEncoder:
         Warns:
             UserWarning naming how many texts were truncated at `max_length` tokens.
         """
-        from attnkit._validation import positive_int
-
         if normalize is not None and not isinstance(normalize, bool):
             raise TypeError(f"`normalize` must be None, True or False. Received: normalize={normalize!r}")
         single, texts = _one_or_many(texts)
@@ -329,8 +331,6 @@ class PretrainedEncoder:
         Raises:
             FileExistsError: `directory` exists and `overwrite` is False.
         """
-        from attnkit.models.export import save_pretrained
-
         return save_pretrained(self, directory, overwrite=overwrite)
 
     def hidden_states(self, texts):

@@ -15,7 +15,7 @@ fields (`max_length`, `max_new_tokens`) are not read: how long to generate is th
 import numbers
 import os
 
-from attnkit.models.checkpoints._json import read_json
+from attnkit.checkpoints.formats.json import read_json
 
 # Fields of transformers' GenerationConfig that change which tokens come out, with their neutral
 # values besides null, an empty list and an empty object.

@@ -5,7 +5,7 @@ A table entry is name -> (variable, transposed): torch's Linear stores (out, in)
 (in, out), hence the transposes.
 """
 
-from attnkit.models.checkpoints import _fields
+from attnkit.checkpoints.formats import fields as _fields
 
 
 def encoder_arguments(file, config, *, embedding_size=None):

@@ -5,8 +5,9 @@ Sinusoidal positions (`sinusoidal_pos_embds`) are stored in position_embeddings 
 so they load the same way.
 """
 
-from attnkit.models.checkpoints import _bert_layout, _fields
-from attnkit.models.checkpoints.family import Family
+from attnkit.checkpoints.families import _bert_layout
+from attnkit.checkpoints.formats import fields as _fields
+from attnkit.checkpoints.families.family import Family
 
 
 def arguments(file, config):

@@ -1,7 +1,7 @@
 """BERT (model_type "bert", and Google's original configs without one): the mapping table."""
 
-from attnkit.models.checkpoints import _bert_layout
-from attnkit.models.checkpoints.family import Family
+from attnkit.checkpoints.families import _bert_layout
+from attnkit.checkpoints.families.family import Family
 
 
 def arguments(file, config):

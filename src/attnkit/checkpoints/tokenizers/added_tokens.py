@@ -24,6 +24,8 @@ any other text.
 
 import os
 
+from attnkit.checkpoints.formats.json import read_json
+
 # PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES, in its order
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 _FLAGS = ("lstrip", "rstrip", "normalized", "single_word", "special")
@@ -149,8 +151,6 @@ def _decoder(decoder, file):
 def _special_tokens_map(path, settings):
     """special_tokens_map.json's special tokens, which older files kept apart (read only without
     added_tokens_decoder, as transformers reads it: an object is a special AddedToken, with its flags)."""
-    from attnkit.models.checkpoints._json import read_json
-
     file = os.path.join(path, "special_tokens_map.json")
     values = {}
     for key, value in (read_json(file, required=False) or {}).items():
@@ -168,8 +168,6 @@ def _special_tokens_map(path, settings):
 def _legacy_decoder(path, settings, file_tokens, settings_file):
     """The added tokens of a directory without added_tokens_decoder: added_tokens.json's, then
     tokenizer.json's (the later of two at one id wins)."""
-    from attnkit.models.checkpoints._json import read_json
-
     tokens = {}
     file = os.path.join(path, "added_tokens.json")
     found = read_json(file, required=False)

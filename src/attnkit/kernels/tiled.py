@@ -32,7 +32,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from attnkit.ops._numerics import constant, scores_dtype
+from attnkit.kernels.numerics import constant, scores_dtype
 
 # A tile of about 4 MiB of float32 scores, and large batches a few examples at a time: the sizes that
 # measured fastest (docs/performance.md, "Measurements behind the code").

@@ -17,12 +17,14 @@ import os
 
 import numpy as np
 
-from attnkit.models import added_tokens, tokenizer_class
+from attnkit.checkpoints.formats import gguf as gguf_checkpoint
+from attnkit.checkpoints.formats.json import read_json
+from attnkit.checkpoints.formats.weights import read_state_dict
+from attnkit.checkpoints.generation_config import read_generation_defaults
+from attnkit.checkpoints.tokenizers import added_tokens, tokenizer_class
 from attnkit.models.causal_lm import CausalLM
-from attnkit.models.checkpoints._json import read_json
-from attnkit.models.checkpoints.weights import read_state_dict
-from attnkit.models.generation_config import read_generation_defaults
 from attnkit.ops.rotary import check_rope_scaling
+from attnkit.pipelines.causal_lm import PretrainedCausalLM
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -76,16 +78,12 @@ def load_causal_lm(path=None, *, dtype="float32"):
             (named), a missing or unexpected weight, a weight of the wrong shape.
         TypeError: `path` neither a path nor None.
     """
-    from attnkit.models.causal_pretrained import PretrainedCausalLM
-
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"`path` must be a GGUF file or a model directory, or None. Received: path of type {type(path).__name__}")
     path = os.fspath(default_causal_lm_path() if path is None else path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No such model file or directory: {path}")
     if os.path.isfile(path):
-        from attnkit.models import gguf_checkpoint
-
         config, weights, info = gguf_checkpoint.read_gguf(path)
         tokenizer = gguf_checkpoint.build_tokenizer(info, path)
         tokens = info["tokens"]

@@ -1,15 +1,15 @@
 """The model directory and its tokenizer, read with `tokenizers` only.
 
-The config and weights are read by `attnkit.models.checkpoints`, the sentence-transformers modules by
-`attnkit.models.sentence_pipeline`. Every problem is a `FileNotFoundError` or `ValueError` that names
+The config and weights are read by `attnkit.checkpoints.families`, the sentence-transformers modules by
+`attnkit.pipelines.sentence_pipeline`. Every problem is a `FileNotFoundError` or `ValueError` that names
 the file and what is wrong with it.
 """
 
 import json
 import os
 
-from attnkit.models.checkpoints._json import REQUIRED as _REQUIRED
-from attnkit.models.checkpoints._json import read_json as _read_json
+from attnkit.checkpoints.formats.json import read_json as _read_json, REQUIRED as _REQUIRED
+from attnkit.checkpoints.tokenizers import tokenizer_class
 
 CONFIG_FILE = "config.json"
 
@@ -95,7 +95,6 @@ def _rebuilt(path, file):
     from tokenizer_config.json (see `tokenizer_class`)."""
     from tokenizers.implementations import BertWordPieceTokenizer
 
-    from attnkit.models import tokenizer_class
 
     settings_file = os.path.join(path, "tokenizer_config.json")
     settings = _read_json(settings_file, required=False) or {}

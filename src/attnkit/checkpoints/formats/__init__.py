@@ -1,0 +1,1 @@
+"""File formats: safetensors / PyTorch weights, JSON config fields, GGUF."""
