@@ -15,7 +15,7 @@ from attnkit.cli.errors import CommandError, positive_int, utf8_text
 from attnkit.cli.generation import require_tokenizer
 from attnkit.pipelines import encoder as encoder_pipeline
 from attnkit.pipelines.causal_checkpoint import load_causal_lm
-from attnkit.viz import plot_attention
+from attnkit import viz
 
 PROGRESS_FROM = 256  # `embed` shows a progress bar from this many texts (when writing to a file)
 
@@ -128,7 +128,7 @@ def _heads(args):
             weights = encoder.attentions(args.sentence)[args.layer]  # (h, T, T)
     layer = args.layer % encoder.n
     title = f"layer {layer}: attention of each head (rows attend to columns)"
-    write_output_file(args.output, lambda path: plot_attention(weights, tokens, tokens, title=title, path=path))
+    write_output_file(args.output, lambda path: viz.plot_attention(weights, tokens, tokens, title=title, path=path))
     print(f"wrote {encoder.h} heads of layer {layer} over {len(tokens)} tokens to {args.output}", file=sys.stderr)
     return 0
 

@@ -22,7 +22,7 @@ from attnkit.dates import translator as date_translator
 from attnkit.dates.markers import output_marker, refusal
 from attnkit.dates.training import CHECKPOINTS, latest_checkpoint
 from attnkit.dates.translator import DateTranslator, META_FILE, MODEL_FILE, TrainConfig
-from attnkit.viz import plot_attention
+from attnkit import viz
 
 PLOT_FILE = "cross_attention.png"
 
@@ -216,7 +216,7 @@ def _run_demo(args):
     plot_path = os.path.join(args.output_dir, PLOT_FILE)
 
     def write_plot(path):
-        plot_attention(
+        viz.plot_attention(
             cross, source_tokens, output_tokens, path=path,
             title=f"cross-attention, last decoder layer: {sources[0]!r} -> {outputs[0]!r}",
         )
