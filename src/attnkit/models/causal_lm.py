@@ -29,17 +29,25 @@ from attnkit.layers.position_embedding import embedding_table
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.models import _torch_decoding
 from attnkit import kernels as _fused
+from attnkit.ops.masks import check_mask_dtype
 from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
 
 
 def _host_mask(attention_mask, shape):
     """The (B, T) attention mask as a NumPy bool array, all True when None.
 
+    The mask is Hugging Face's `attention_mask`: bool, or integers 0 (padding) and 1 (a real token).
+    A float mask is refused, as everywhere in attnkit (README, "The mask convention"): HF's additive
+    masks (0 keep, -1e9 hide) would read inverted, and 0.5 has no meaning. Integers other than 0 and 1
+    are refused too: the mask places positions and cache slots, and transformers' `generate` counts a
+    2 as two positions (docs/decisions.md item 105).
+
     Positions, keep-masks and cache slots are worked out on the host from the mask's values, which a
     mask traced by jax.jit or tf.function does not have: refused by name (NumPy's conversion failed
     there with errors naming neither the argument nor the way out)."""
     if attention_mask is None:
         return np.ones(shape, bool)
+    dtype = check_mask_dtype(attention_mask, "attention_mask")  # static: refused under jit too
     values = _concrete_values(attention_mask) if ops.is_tensor(attention_mask) else ops.convert_to_numpy(attention_mask)
     if values is None:
         raise ValueError(
@@ -47,7 +55,14 @@ def _host_mask(attention_mask, shape):
             "there. Pass it as a concrete array (NumPy), or call the model outside jax.jit / tf.function "
             f"(token ids alone may be traced). Received: attention_mask, a traced tensor of shape {tuple(attention_mask.shape)}"
         )
-    return np.asarray(values).astype(bool)
+    values = np.asarray(values)
+    if dtype != "bool" and not np.isin(values, (0, 1)).all():
+        raise ValueError(
+            "`attention_mask` must hold 1 for real tokens and 0 for (left) padding, or True / False, as Hugging "
+            "Face's attention_mask does. Received: attention_mask with values such as "
+            f"{np.unique(values[~np.isin(values, (0, 1))])[:3].tolist()}"
+        )
+    return values.astype(bool)
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -72,7 +87,8 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
 
     Call arguments:
         token_ids: (B, T) integer ids.
-        attention_mask: optional (B, T) 0/1 or bool, 0 on (left) padding. Default all ones.
+        attention_mask: optional (B, T) bool, or integers 0 / 1: 0 on (left) padding. Default all ones.
+            Float masks and other integers are refused (docs/decisions.md item 105).
         cache: optional `KVCache` (from `new_cache`); the T tokens follow the cached ones.
         last_only: return the logits of the last position only, (B, 1, V). Default False.
         attention_layer: optional layer index whose attention weights (B, h, T, S) to return too, or

@@ -14,6 +14,7 @@ Legend: B prompts, P longest prompt, V vocabulary.
 """
 
 import numbers
+import warnings
 
 import numpy as np
 from keras import ops
@@ -21,6 +22,7 @@ from keras import ops
 from attnkit._validation import positive_int
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.kv_cache import KVCache
+from attnkit.models.prompt_ids import check_prompts
 
 CACHE_ROOM = 4096  # new tokens the first cache has room for; it doubles when full
 
@@ -118,10 +120,16 @@ def check_seed(seed):
     return None if seed is None else int(seed)
 
 
+def check_pad_id(pad_id, vocab_size):
+    """`pad_id`: a token id in [0, vocab_size) (it is fed to the embedding, masked)."""
+    if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral) or not 0 <= pad_id < vocab_size:
+        raise ValueError(f"`pad_id` must be a token id in [0, vocab_size={vocab_size}). Received: pad_id={pad_id!r}")
+    return int(pad_id)
+
+
 def left_pad(prompts, pad_id):
-    """(ids (B, P) int32, mask (B, P) bool) with every prompt right-aligned."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("Every prompt must have at least one token. Received an empty prompt or no prompts.")
+    """(ids (B, P) int32, mask (B, P) bool) with every prompt right-aligned; prompts are checked
+    (`prompt_ids.check_prompts`) and non-empty."""
     P = max(len(p) for p in prompts)
     ids = np.full((len(prompts), P), pad_id, dtype="int32")
     mask = np.zeros((len(prompts), P), dtype=bool)
@@ -139,11 +147,13 @@ def generate_tokens(
 
     Args:
         model: a `CausalLM`.
-        prompts: a list of B token id lists (lengths may differ).
+        prompts: a list of B token id lists (lengths may differ; integers, or floats holding whole
+            numbers, in [0, V); B = 0 yields nothing).
         max_new_tokens: the most tokens generated per prompt.
         temperature, top_k, top_p: see `choose`.
         repetition_penalty: see `penalize_repetition` (1: none).
-        seed: int seed of the sampling (None: fresh randomness).
+        seed: int seed of the sampling (None: fresh randomness). top_k, top_p or seed given for greedy
+            decoding (temperature 0) have no effect: a UserWarning says so.
         stop_tokens: ids that end a sequence (the stop token is yielded, then the row yields `pad_id`).
         pad_id: the id padding prompts and finished rows.
         use_cache: decode from a `KVCache` (default) or recompute the whole sequence each step.
@@ -156,11 +166,17 @@ def generate_tokens(
     temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     penalty = check_repetition_penalty(repetition_penalty)
     seed, stop = check_seed(seed), set(check_stop_tokens(stop_tokens))
-    prompts = [[int(t) for t in p] for p in prompts]
-    for p in prompts:
-        bad = [t for t in p if not 0 <= t < model.vocab_size]
-        if bad:
-            raise ValueError(f"Token ids must be in [0, {model.vocab_size}). Received: {bad[:5]}")
+    prompts = check_prompts(prompts, model.vocab_size)  # whole numbers in [0, V), by name (item 106)
+    pad_id = check_pad_id(pad_id, model.vocab_size)
+    if temperature == 0:
+        ignored = [f"{k}={v!r}" for k, v in (("top_k", top_k), ("top_p", top_p), ("seed", seed)) if v is not None]
+        if ignored:  # as transformers warns: they shape only sampling (docs/decisions.md item 108)
+            warnings.warn(
+                f"{', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect: generation is greedy "
+                "(temperature 0); give a temperature > 0 to sample", UserWarning, stacklevel=3,
+            )
+    if not prompts:
+        return  # an empty batch: no steps (attnkit's rule for empty batches)
     rng = np.random.default_rng(seed) if temperature > 0 else None
     ids, mask = left_pad(prompts, pad_id)
     done = np.zeros((len(prompts),), dtype=bool)
@@ -234,6 +250,7 @@ def generate(model, prompts, *, on_token=None, **options):
         model, prompts, **options: as in `generate_tokens`.
         on_token: optional callable receiving each step's (B,) ids as they are chosen (streaming).
     """
+    prompts = check_prompts(prompts, model.vocab_size)
     outputs = [[] for _ in prompts]
     finished = [False] * len(prompts)
     stop = set(check_stop_tokens(options.get("stop_tokens", ())))

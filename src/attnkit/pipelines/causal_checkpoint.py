@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from attnkit.checkpoints import causal_vocabulary
 from attnkit.checkpoints.formats import gguf as gguf_checkpoint
 from attnkit.checkpoints.formats.json import read_json
 from attnkit.checkpoints.formats.weights import read_state_dict
@@ -85,6 +86,7 @@ def load_causal_lm(path=None, *, dtype="float32"):
         raise FileNotFoundError(f"No such model file or directory: {path}")
     if os.path.isfile(path):
         config, weights, info = gguf_checkpoint.read_gguf(path)
+        causal_vocabulary.check_gguf_ids(info, config["vocab_size"], path)  # before an id indexes the tokens
         tokenizer = gguf_checkpoint.build_tokenizer(info, path)
         tokens = info["tokens"]
 
@@ -102,6 +104,7 @@ def load_causal_lm(path=None, *, dtype="float32"):
         weights = read_hf_weights(path)
         tokenizer, template, special, stop_ids = read_hf_tokenizer(path, config)
         generation_defaults = read_generation_defaults(path)
+        _check_vocabulary(path, config, tokenizer)
         pad_id = _field(os.path.join(path, "config.json"), config, "pad_token_id", "an integer", None, nullable=True)
         if pad_id is not None and pad_id < 0:
             pad_id = None  # early Llama conversions wrote -1 for "none"; transformers loads them with a warning
@@ -113,6 +116,16 @@ def load_causal_lm(path=None, *, dtype="float32"):
         pad_id=stop_ids[0] if pad_id is None and stop_ids else (pad_id or 0), path=path,
         generation_defaults=generation_defaults,
     )
+
+
+def _check_vocabulary(path, config, tokenizer):
+    """The tokenizer's ids and the special ids of config.json and generation_config.json against vocab_size
+    (`causal_vocabulary`), so that a mismatch is the checkpoint's error at load, not the user's at generation."""
+    config_file, generation_file = os.path.join(path, "config.json"), os.path.join(path, "generation_config.json")
+    vocab_size = config["vocab_size"]
+    causal_vocabulary.check_tokenizer(tokenizer, vocab_size, os.path.join(path, "tokenizer.json"), config_file)
+    causal_vocabulary.check_special_ids(config_file, config, vocab_size)
+    causal_vocabulary.check_special_ids(generation_file, read_json(generation_file, required=False) or {}, vocab_size)
 
 
 def _size(source, config, key, default=None):

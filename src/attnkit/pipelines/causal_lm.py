@@ -15,9 +15,20 @@ Legend: B prompts, T tokens, h heads, V vocabulary.
 import numpy as np
 from keras import ops
 
-from attnkit.pipelines.chat_template import render_chat
 from attnkit.models.generation import check_stop_tokens, generate_tokens
 from attnkit.models.generation import generate as generate_ids
+from attnkit.models.prompt_ids import check_prompt, check_prompts
+from attnkit.pipelines.chat_template import render_chat
+from attnkit.pipelines.text_stream import TextPieces
+
+_SAMPLING = ("top_k", "top_p")  # the defaults' sampling filters, dropped when a call asks for greedy decoding
+
+
+def _text(value, name):
+    """`value` if it is a str; else a TypeError naming `name` (None, bytes, a number, ...)."""
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be a str. Received: {name} of type {type(value).__name__}: {value!r}"[:300])
+    return value
 
 
 class PretrainedCausalLM:
@@ -51,16 +62,22 @@ class PretrainedCausalLM:
     def encode(self, text, add_special_tokens=True):
         """Token ids of `text` (with the tokenizer's own special tokens, as transformers adds them)."""
         self._need_tokenizer()
-        if not isinstance(text, str):
-            raise TypeError(f"`text` must be a str. Received: text of type {type(text).__name__}")
+        _text(text, "text")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens=True):
+        """The text of token ids (integers, or floats holding whole numbers, in [0, V)); [] is ""."""
         self._need_tokenizer()
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        ids = check_prompt(ids, self.model.vocab_size, "ids") if len(ids) else []
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def chat_prompt(self, messages, add_generation_prompt=True):
         """The chat template's text for `messages` (a str is one user message)."""
+        if not isinstance(messages, (str, list, tuple)):
+            raise TypeError(
+                "`messages` must be a str (one user message) or a list of {'role': ..., 'content': ...} dicts. "
+                f"Received: messages of type {type(messages).__name__}"
+            )
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt, special_tokens=self.special_tokens)
@@ -70,14 +87,17 @@ class PretrainedCausalLM:
         return self.encode(self.chat_prompt(messages), add_special_tokens=False)
 
     def logits(self, ids):
-        """float32 logits (B, T, V) of token ids (B, T) (or (T,))."""
-        ids = np.asarray(ids, dtype="int32")
-        ids = ids[None] if ids.ndim == 1 else ids
-        return ops.convert_to_numpy(self.model(ids))
+        """float32 logits (B, T, V) of token ids (B, T) (or (T,)): integers, or floats holding whole numbers."""
+        rows = check_prompts(ids if np.ndim(ids) == 2 else [ids], self.model.vocab_size, "ids")
+        if len({len(row) for row in rows}) > 1:
+            raise ValueError(f"`ids` must be (B, T): rows of one length. Received: rows of lengths {[len(r) for r in rows]}")
+        return ops.convert_to_numpy(self.model(np.asarray(rows, "int32")))
 
     def _options(self, options):
         for key, value in self.generation_defaults.items():
-            options.setdefault(key, value)
+            # a sampling default's filters are not the caller's: a call asking for temperature 0 drops them
+            if not (key in _SAMPLING and options.get("temperature", 1) == 0):
+                options.setdefault(key, value)
         options["stop_tokens"] = check_stop_tokens(options.get("stop_tokens", self.stop_ids))
         options.setdefault("pad_id", self.pad_id)
         return options
@@ -93,10 +113,21 @@ class PretrainedCausalLM:
         those not given come from `generation_defaults`.
         """
         single = isinstance(prompt, str)
-        prompts = [prompt] if single else list(prompt)
-        outputs = self.generate_ids([self.encode(p) for p in prompts], **options)
-        texts = [self.decode([t for t in out if t not in self._options(dict(options))["stop_tokens"]]) for out in outputs]
+        if not single and not isinstance(prompt, (list, tuple)):
+            raise TypeError(f"`prompt` must be a str or a list of str. Received: prompt of type {type(prompt).__name__}")
+        prompts = [prompt] if single else [_text(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        ids = [self._prompt_ids(p, "prompt" if single else f"prompt[{i}]") for i, p in enumerate(prompts)]
+        outputs = self.generate_ids(ids, **options)
+        stop = self._options(dict(options))["stop_tokens"]
+        texts = [self.decode([t for t in out if t not in stop]) for out in outputs]
         return texts[0] if single else texts
+
+    def _prompt_ids(self, text, name):
+        """The token ids of a text prompt; an empty one is refused naming `name`."""
+        ids = self.encode(text)
+        if not ids:
+            raise ValueError(f"`{name}` has no tokens: the model needs at least one to continue. Received: {name}={text!r}")
+        return ids
 
     def chat(self, messages, **options):
         """The assistant's reply to `messages` (a str is one user message), or a list of replies for a list of chats."""
@@ -106,27 +137,39 @@ class PretrainedCausalLM:
             return [self.decode([t for t in out if t not in stop]) for out in outputs]
         return "".join(self.stream_chat(messages, **options))
 
-    def stream(self, prompt, **options):
-        """Yields the text of `prompt`'s continuation piece by piece, as tokens are generated."""
-        yield from self._stream(self.encode(prompt), options)
+    def stream(self, prompt, *, should_stop=None, **options):
+        """Yields the text of `prompt`'s continuation piece by piece, as tokens are generated; joined, the
+        pieces are `generate(prompt)`'s text (docs/decisions.md item 107).
 
-    def stream_chat(self, messages, **options):
-        """Yields the assistant's reply to `messages` piece by piece, as tokens are generated."""
-        yield from self._stream(self.chat_ids(messages), options)
+        Args:
+            prompt: a str.
+            should_stop: optional function of no arguments, asked after each token: True ends the
+                generation there (the command line's Ctrl-C in `attnkit chat`).
+            **options: as `generate`.
+        """
+        return self._stream(self._prompt_ids(_text(prompt, "prompt"), "prompt"), options, should_stop)  # checked now
 
-    def _stream(self, ids, options):
+    def stream_chat(self, messages, *, should_stop=None, **options):
+        """Yields the assistant's reply to `messages` piece by piece, as tokens are generated (see `stream`)."""
+        return self._stream(self.chat_ids(messages), options, should_stop)
+
+    def _stream(self, ids, options, should_stop=None):
         options = self._options(options)
-        stop, new, shown = set(options["stop_tokens"]), [], ""
+        stop, pieces = set(options["stop_tokens"]), TextPieces(self.decode)
         for token in generate_tokens(self.model, [ids], **options):
             t = int(token[0])
             if t in stop:
                 break
-            new.append(t)
-            text = self.decode(new)
-            if text.endswith("\ufffd"):
-                continue  # an incomplete UTF-8 character: wait for its next byte
-            yield text[len(shown):]
-            shown = text
+            piece = pieces.add(t)
+            if piece:
+                yield piece
+            if should_stop is not None and should_stop():
+                break
+        # whatever ends the generation (the last token, a stop token, should_stop), the text held back
+        # inside an incomplete character is released as `generate` decodes it
+        rest = pieces.finish()
+        if rest:
+            yield rest
 
     def attentions(self, text, layer=-1):
         """One layer's attention weights for `text`: ((h, T, T) array, the T token strings)."""

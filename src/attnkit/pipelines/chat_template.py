@@ -10,6 +10,8 @@ import functools
 import json
 from datetime import datetime
 
+from attnkit._validation import ArgumentTypeError
+
 
 def render_chat(template, messages, *, add_generation_prompt=True, special_tokens=None, tools=None, documents=None, **extra):
     """The prompt text for `messages`.
@@ -28,7 +30,7 @@ def render_chat(template, messages, *, add_generation_prompt=True, special_token
         The rendered text.
 
     Raises:
-        ValueError: no template, malformed or empty messages, malformed tools or documents, a
+        ValueError: no template, malformed or empty messages (a wrong type is also a TypeError), malformed tools or documents, a
             template that is not valid Jinja, its own `raise_exception`, or any other failure while
             rendering (the original exception is the ValueError's __cause__).
     """
@@ -56,16 +58,16 @@ def _checked_messages(messages):
     index and field when a message is not a dict or its role not a str. Content is the template's to
     read, as in transformers: a str, a list of content parts, or any value it renders (a number)."""
     if not isinstance(messages, (list, tuple)):
-        raise ValueError(f"`messages` must be a list of {{'role': ..., 'content': ...}} dicts. Received: messages of type {type(messages).__name__}")
+        raise ArgumentTypeError(f"`messages` must be a list of {{'role': ..., 'content': ...}} dicts. Received: messages of type {type(messages).__name__}")
     if not messages:
         # transformers: "Cannot apply chat template to an empty conversation"
         raise ValueError("`messages` is empty: a chat needs at least one message. Received: messages=[]")
     checked = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ValueError(f"`messages[{i}]` must be a {{'role': ..., 'content': ...}} dict. Received: {message!r}")
+            raise ArgumentTypeError(f"`messages[{i}]` must be a {{'role': ..., 'content': ...}} dict. Received: {message!r}")
         if not isinstance(message.get("role"), str):
-            raise ValueError(f"`messages[{i}]['role']` must be a str. Received: role={message.get('role')!r}")
+            raise ArgumentTypeError(f"`messages[{i}]['role']` must be a str. Received: role={message.get('role')!r}")
         # An assistant turn with tool calls has content None (OpenAI's format): transformers drops
         # such keys, because templates test whether a key is defined rather than whether it is None.
         checked.append({key: value for key, value in message.items() if value is not None})
