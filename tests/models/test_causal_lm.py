@@ -285,7 +285,7 @@ def test_generation_refusals(pair):
         generate(lm.model, [[1]], top_p=0)
     with pytest.raises(ValueError, match="at least one token"):
         generate(lm.model, [[]])
-    with pytest.raises(ValueError, match="Token ids must be in"):
+    with pytest.raises(ValueError, match=r"`prompts\[0\]` must hold token ids in \[0, vocab_size=96\)"):
         generate(lm.model, [[1000]])
 
 
