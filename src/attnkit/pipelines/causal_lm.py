@@ -68,7 +68,8 @@ class PretrainedCausalLM:
     def decode(self, ids, skip_special_tokens=True):
         """The text of token ids (integers, or floats holding whole numbers, in [0, V)); [] is ""."""
         self._need_tokenizer()
-        ids = check_prompt(ids, self.model.vocab_size, "ids") if len(ids) else []
+        empty = not isinstance(ids, (str, bytes)) and hasattr(ids, "__len__") and len(ids) == 0
+        ids = [] if empty else check_prompt(ids, self.model.vocab_size, "ids")
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def chat_prompt(self, messages, add_generation_prompt=True):
@@ -155,7 +156,8 @@ class PretrainedCausalLM:
 
     def _stream(self, ids, options, should_stop=None):
         options = self._options(options)
-        stop, pieces = set(options["stop_tokens"]), TextPieces(self.decode)
+        # the model's own ids: decoded by the tokenizer without `decode`'s check, each step
+        stop, pieces = set(options["stop_tokens"]), TextPieces(lambda new: self.tokenizer.decode(new, skip_special_tokens=True))
         for token in generate_tokens(self.model, [ids], **options):
             t = int(token[0])
             if t in stop:

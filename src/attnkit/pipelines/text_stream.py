@@ -36,7 +36,8 @@ class TextPieces:
         return self._after_shown(self.decode(self.ids)) if self.ids else ""
 
     def _after_shown(self, text):
-        # The decoders attnkit loads (byte-level, Metaspace / ByteFallback with Fuse and Strip) give
-        # each longer list a text that starts with the shorter list's text; what was shown stands.
+        # A longer list's text starts with the shorter list's once that ends on a whole character
+        # (byte-level decoding, tested by hypothesis; Metaspace / ByteFallback + Fuse + Strip strip only
+        # the first token's space): what was shown stands.
         piece, self.shown = text[len(self.shown):], text
         return piece
