@@ -20,8 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from attnkit.cli import main  # noqa: E402
-from attnkit.cli._input import terminal_text  # noqa: E402
-from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
+from attnkit._messages import terminal_text  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import load_causal_lm  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def _stdin(data):
 
 
 def test_chat_drops_a_byte_order_mark_and_names_bytes_that_are_not_utf8(model_dir, capsys, monkeypatch):
-    from attnkit.models.causal_pretrained import PretrainedCausalLM
+    from attnkit.pipelines.causal_lm import PretrainedCausalLM
 
     received, original = [], PretrainedCausalLM.stream_chat
 
