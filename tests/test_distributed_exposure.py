@@ -2,6 +2,7 @@
 stderr what it exposes (docs/decisions.md item 113). Read from the process's own listening sockets
 (/proc/net/tcp, tcp6), with the engine started as `attnkit train --processes` starts it (world of one)."""
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -46,6 +47,12 @@ engine.close()
 """
 
 
+def _loopback(host):
+    address = ipaddress.ip_address(host)
+    return address.is_loopback or (address.version == 6 and address.ipv4_mapped is not None
+                                   and address.ipv4_mapped.is_loopback)  # ::ffff:127.0.0.1
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -72,7 +79,7 @@ def test_a_local_run_listens_on_loopback_only():
         assert f"attnkit: tensorflow's gRPC server (worker 0) listens on *:{port}, unauthenticated" in stderr
         return
     assert [host for host, p in sockets if int(p) == port], sockets  # the coordinator is among them
-    assert all(host in ("127.0.0.1", "::1") for host, _ in sockets), sockets
+    assert all(_loopback(host) for host, _ in sockets), sockets
     assert "listens on" not in stderr
 
 

@@ -56,6 +56,18 @@ def check_replaceable(directory, names):
         raise ValueError(f"{path} is {kind}, not a file attnkit wrote; remove it or choose another directory")
 
 
+@contextlib.contextmanager
+def naming(path):
+    """Within the block, an OSError that names no file ("[Errno 28] No space left on device" from a
+    write) is raised again naming `path`, the file the user asked for (docs/decisions.md item 114)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.filename2 is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror or str(e), os.fspath(path)) from e
+        raise
+
+
 def probe_writable(directory):
     """Creates `directory` (and its missing parents) and proves a file can be created, written and
     removed there. Returns the directories it created, outermost first, so a caller that fails later
@@ -111,10 +123,12 @@ def replace_files(directory, writers):
         staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory)
         for name, write in writers.items():
             path = os.path.join(staging, name)
-            write(path)
-            _fsync(path)
-        _fsync(staging, directory=True)
-        with _signals_held():
+            with naming(os.path.join(directory, name)):
+                write(path)
+                _fsync(path)
+        with naming(directory):
+            _fsync(staging, directory=True)
+        with _signals_held(), naming(directory):
             raise_if_pressed()  # a Ctrl-C whose KeyboardInterrupt was lost: the old files stay
             _commit(directory, staging, list(writers))
     finally:
@@ -138,16 +152,19 @@ def replace_tree(directory, write, remove=()):
     staging = None
     try:
         staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory)
-        write(staging)
+        with naming(directory):
+            write(staging)
         names = sorted(_files_under(staging))
         removed = sorted({os.path.normpath(r).replace(os.sep, "/") for r in remove} - set(names))
         removed = [r for r in removed if os.path.isfile(os.path.join(directory, r))]
         check_replaceable(directory, names + removed)
         for name in names:
-            _fsync(os.path.join(staging, name))
-        for folder in sorted({os.path.dirname(n) for n in names}, reverse=True):
-            _fsync(os.path.join(staging, folder), directory=True)
-        with _signals_held():
+            with naming(os.path.join(directory, name)):
+                _fsync(os.path.join(staging, name))
+        with naming(directory):
+            for folder in sorted({os.path.dirname(n) for n in names}, reverse=True):
+                _fsync(os.path.join(staging, folder), directory=True)
+        with _signals_held(), naming(directory):
             raise_if_pressed()  # a Ctrl-C whose KeyboardInterrupt was lost: the old files stay
             _commit(directory, staging, names, removed)
         for folder in sorted({os.path.dirname(r) for r in removed if "/" in r}, reverse=True):
