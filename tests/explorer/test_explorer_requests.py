@@ -1,5 +1,5 @@
 """The explorer computes for its own page only, and takes any request body without failing
-(docs/decisions.md items 110 and 113): requests another web page can make are refused before the
+(docs/decisions.md item 110): requests another web page can make are refused before the
 model is called, and bodies the JSON parser cannot take are a JSON 400, the server serving on."""
 
 import json

@@ -1,4 +1,4 @@
-"""What the explorer's server accepts before it reads a model or computes (docs/decisions.md items 110, 113).
+"""What the explorer's server accepts before it reads a model or computes (docs/decisions.md item 110).
 
 A web page the user visits can make the browser send requests to 127.0.0.1: an `<img src>` GET, a form
 or a "no-cors" `fetch` POST with a text/plain body. The page cannot read the answer, but the server

@@ -10,7 +10,7 @@ malformed request line), 403 (a Host header other than this server's, or a reque
 made: `request_checks`), 404, 405 (a GET of the computing endpoint), 411, 413 (a request over 1 MiB),
 414 (a request line over 64 KiB), 415 (a POST that is not application/json), 501 (a method other than
 GET and POST) or 500 (the model failed; the message says why). It binds 127.0.0.1 only
-(docs/decisions.md items 38, 110 and 113).
+(docs/decisions.md items 38 and 110).
 """
 
 import http.server
