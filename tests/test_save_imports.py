@@ -9,7 +9,7 @@ import pytest
 
 SCRIPT = r"""
 import sys
-from attnkit.translation import DateTranslator, TrainConfig, train_dates
+from attnkit.dates.translator import DateTranslator, TrainConfig, train_dates
 translator, _, _ = train_dates(TrainConfig(epochs=1, n_train=32, n_validation=4, batch_size=32, d_model=16, h=2, n=1,
                                            d_ff=32), verbose=0)
 translator.save(sys.argv[1])

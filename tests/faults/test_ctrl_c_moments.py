@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from attnkit import cli, translation
+from attnkit import cli
+from attnkit.dates import translator as translation
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 TINY = ["--epochs", "1", "--train-size", "32", "--validation-size", "4", "--batch-size", "16", "--d-model", "16",

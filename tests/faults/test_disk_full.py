@@ -7,7 +7,8 @@ import os
 import pytest
 from fault_helpers import TINY, contents, one_line_error
 
-from attnkit import cli, translation
+from attnkit import cli
+from attnkit.dates import translator as translation
 from attnkit._atomic_save import replace_files
 
 

@@ -86,7 +86,7 @@ def test_an_overwrite_interrupted_at_any_rename_leaves_the_old_files_exactly(enc
 
 
 def test_an_overwrite_interrupted_while_writing_leaves_the_old_files_exactly(encoders, model_dir, monkeypatch):
-    from attnkit.models import export
+    from attnkit.checkpoints import export
 
     before = _snapshot(model_dir)
 
