@@ -71,6 +71,11 @@ def _running_the_command():
         flag == "-m" and module.startswith("attnkit") for flag, module in zip(argv, argv[1:]))
 
 
+if _running_the_command():
+    from attnkit._interrupts import exit_on_ctrl_c_while_starting
+
+    exit_on_ctrl_c_while_starting()  # Ctrl-C during the imports: one line, status 130 (docs/decisions.md item 112)
+
 if "keras" not in sys.modules:
     try:
         os.environ["KERAS_BACKEND"] = choose_backend()

@@ -13,6 +13,12 @@ And one place breaks on it: a KeyboardInterrupt raised inside tensorflow's own P
 dataset iterators, say) can leave its C++ state half made, and the process dies later of a
 segmentation fault or "free(): invalid next size" (seen in 2 of 15 interrupted trainings).
 
+Before the command runs, while Python imports attnkit, Keras and the backend (seconds), a Ctrl-C raised
+its KeyboardInterrupt inside whatever module was being imported: a traceback, or, inside a `__del__` or a
+garbage-collector callback of those imports, nothing at all (the command then ran to its end). Nothing is
+written before the command runs, so there the attnkit command ends at once, with one line and status 130
+(`exit_on_ctrl_c_while_starting`, docs/decisions.md item 112).
+
 So the CLI notes every SIGINT while it runs (`watching_ctrl_c`), still raising KeyboardInterrupt as
 Python's own handler does, and asks at its points of no return (`raise_if_pressed`): before a save
 commits, before an explorer export's rename, before the explorer starts serving, and when the
@@ -22,11 +28,27 @@ raises at once.
 """
 
 import contextlib
+import os
 import signal
 import threading
 
 _pressed = False
 _deferred = False  # inside `ctrl_c_between_batches`: the first Ctrl-C is only noted
+
+
+def _exit_while_starting(signum, frame):
+    try:
+        os.write(2, b"attnkit: interrupted\n")
+    finally:
+        os._exit(130)
+
+
+def exit_on_ctrl_c_while_starting():
+    """Called by the attnkit command's first import (`attnkit._backend`): until `watching_ctrl_c` takes
+    over, Ctrl-C ends the process at once with "attnkit: interrupted" and status 130. A SIGINT someone
+    ignored (a background job, nohup) or handles is left alone."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _exit_while_starting)
 
 
 @contextlib.contextmanager
@@ -47,7 +69,7 @@ def watching_ctrl_c():
             signal.default_int_handler(signum, frame)
 
     ours = threading.current_thread() is threading.main_thread() and (
-        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _exit_while_starting)
     )
     if not ours:
         yield

@@ -134,7 +134,7 @@ def test_serve_prints_the_url_opens_it_and_stops_on_ctrl_c(tiny_bert_dir, tiny_s
     seen = {}
 
     def browser(url):
-        with urllib.request.urlopen(url + "api/attention?text=the+cat", timeout=60) as response:
+        with urllib.request.urlopen(_post(url, "the cat"), timeout=60) as response:
             seen["url"], seen["status"] = url, response.status
         _thread.interrupt_main()
         return True
@@ -158,7 +158,7 @@ def test_the_command_serves_until_sigint(tiny_bert_dir):
         first = process.stdout.readline()
         assert first.startswith("attnkit explorer: http://127.0.0.1:"), first + process.stderr.read()
         url = first.split()[2]
-        with urllib.request.urlopen(url + "api/attention?text=the+cat", timeout=60) as response:
+        with urllib.request.urlopen(_post(url, "the cat"), timeout=60) as response:
             assert json.loads(response.read())["attention"][0]["query_tokens"] == ["[CLS]", "the", "cat", "[SEP]"]
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=60)
@@ -206,3 +206,9 @@ def test_language_model_errors_are_one_line(argv, status, message, tiny_bert_dir
     argv = [{"TINY_BERT": tiny_bert_dir, "NOT_GGUF": str(not_gguf)}.get(a, a) for a in argv]
     assert cli.main(["explore", *argv]) == status
     assert message in one_line_error(capsys)
+
+
+def _post(url, text):
+    """The page's request for the attention of `text` (the endpoint takes JSON POSTs only)."""
+    return urllib.request.Request(url + "api/attention", data=json.dumps({"text": text}).encode(),
+                                  headers={"Content-Type": "application/json"})

@@ -234,6 +234,6 @@ def test_cli_train_force_replaces_the_model_atomically(saved_dir, tmp_path, monk
 
     monkeypatch.setattr(os, "replace", failing_replace)
     assert cli.main(["train", *TINY, "--output-dir", str(out), "--force"]) == 1
-    assert capsys.readouterr().err.strip().endswith("Input/output error")
+    assert capsys.readouterr().err.strip().endswith(f"Input/output error: '{out}'")  # named (item 114)
     assert contents(out) == old
     assert json.loads(old["translator.json"])["model_sha256"]

@@ -244,7 +244,7 @@ def test_export_never_destroys_a_directory(checkpoints, tmp_path, monkeypatch):
     with pytest.raises(FileExistsError, match=r"holds files but no config.json: it is not a model directory"):
         encoder.save_pretrained(target, overwrite=True)  # not a model directory: not replaced, even so
     assert os.listdir(target) == ["keep.txt"]
-    (target / "config.json").write_text("{}")  # an old model directory: overwrite replaces it whole
+    (target / "config.json").write_text("{}")  # an old model directory: overwrite replaces its model files
 
     def interrupted(*args):
         raise KeyboardInterrupt
@@ -256,7 +256,7 @@ def test_export_never_destroys_a_directory(checkpoints, tmp_path, monkeypatch):
     assert (target / "config.json").read_text() == "{}"
     monkeypatch.undo()
     encoder.save_pretrained(target, overwrite=True)
-    assert sorted(os.listdir(tmp_path)) == ["model"] and not (target / "keep.txt").exists()
+    assert sorted(os.listdir(tmp_path)) == ["model"] and (target / "keep.txt").read_text() == "mine"  # item 111
     assert (target / "modules.json").exists()
 
 

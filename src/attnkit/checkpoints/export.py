@@ -5,17 +5,22 @@
     modules.json, sentence_bert_config.json, 1_Pooling/, k_Dense/, k_Normalize/
                                             the sentence-transformers pipeline
 
-The directory is written into a temporary sibling and renamed into place when complete, so an
-interrupted save leaves either the old directory or the new one, never a mixture.
+The files are written aside and renamed into place together (`attnkit._atomic_save.replace_tree`), so an
+interrupted save leaves the old files or the new ones, never a mixture. Overwriting a model directory
+replaces the files of a model (those above, and an earlier model's weights and modules that the new
+one does not have: `stale_model_files`) and leaves every other file where it is: a user's README.md,
+NOTES.md or eval_results/ (docs/decisions.md item 111), as transformers' `save_pretrained` does.
 """
 
+import contextlib
 import json
 import os
+import re
 import shutil
-import tempfile
 
 import numpy as np
 
+from attnkit._atomic_save import replace_tree
 from attnkit.checkpoints.formats.weights import export_tensors
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
@@ -34,23 +39,43 @@ def save_pretrained(encoder, directory, *, overwrite=False):
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"`directory` must be a path. Received: directory of type {type(directory).__name__}")
     directory = check_destination(directory, overwrite)
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.", suffix=".partial", dir=parent)
+    created = not os.path.lexists(directory)
     try:
-        _write(encoder, staging)
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; give it a directory's usual mode
-        if os.path.lexists(directory):
-            old = staging.removesuffix(".partial") + ".old"
-            os.rename(directory, old)
-            os.rename(staging, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(staging, directory)
+        replace_tree(directory, lambda staging: _write(encoder, staging), remove=stale_model_files(directory))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if created:  # the directory this save made, left empty by its failure
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
         raise
     return directory
+
+
+# Files of a Hugging Face / sentence-transformers model, the kind a save replaces: any of them left from
+# an earlier model beside the new one would be read with it (a sharded checkpoint's index, the old
+# model's prompts in config_sentence_transformers.json, its Dense layer's weights).
+_MODEL_FILES = {
+    "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+    "pytorch_model.bin.index.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+    *TOKENIZER_FILES,
+}
+_SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
+_MODULE_FOLDER = re.compile(r"\d+_(Pooling|Dense|Normalize)")
+_MODULE_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def stale_model_files(directory):
+    """The files of `directory` (relative paths) that belong to a model, which a save replaces or, where
+    the new model has none, removes; every other file is the user's and stays."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if (name in _MODEL_FILES or _SHARD.fullmatch(name)) and os.path.isfile(path):
+            found.append(name)
+        elif _MODULE_FOLDER.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
+            found += [f"{name}/{f}" for f in _MODULE_FILES if os.path.isfile(os.path.join(path, f))]
+    return found
 
 
 def check_destination(directory, overwrite):
@@ -71,12 +96,6 @@ def check_destination(directory, overwrite):
                 "only an empty one or a model directory"
             )
     return directory
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _write(encoder, directory):

@@ -44,6 +44,7 @@ def main(argv=None):
     Ctrl-C, 141 (as a process killed by SIGPIPE) when the reader of stdout went away (`| head`).
     """
     with watching_ctrl_c(), _closed_streams_refused():
+        args = None
         try:
             args = build_parser().parse_args(argv)
             status = args.run(args)
@@ -52,7 +53,7 @@ def main(argv=None):
         except Exception as raised:  # noqa: BLE001 - the one-line rule holds for every failure
             if pressed():  # the interrupt, replaced by an error raised while it unwound
                 return _interrupted()
-            return _report(raised)
+            return _report(raised, _destination(args))
         return _interrupted() if pressed() else status  # a Ctrl-C whose KeyboardInterrupt was lost
 
 
@@ -92,9 +93,23 @@ def _interrupted():
     return 130
 
 
-def _report(raised):
-    """Prints `raised` as one line on stderr; returns the exit status."""
+def _destination(args):
+    """What the command writes (its --output-dir, --output, --export, or export's DIR), or None."""
+    for name in ("output_dir", "output", "export", "directory"):
+        value = getattr(args, name, None)
+        if isinstance(value, (str, os.PathLike)) and os.fspath(value) not in ("", "-"):
+            return os.fspath(value)
+    return None
+
+
+def _report(raised, destination=None):
+    """Prints `raised` as one line on stderr; returns the exit status. An OSError that names no file
+    (a write on a full disk) is reported with the command's destination (docs/decisions.md item 114)."""
     e = original(raised)
+    if isinstance(e, OSError) and not isinstance(e, BrokenPipeError) and e.filename is None and e.errno is not None:
+        where = f"writing {destination}" if destination else "no file named by the system"
+        print(f"attnkit: error: {e.strerror or one_line(e)} ({where})", file=sys.stderr)
+        return 1
     if isinstance(e, BrokenPipeError):
         _silence_stdout()
         return 141

@@ -20,6 +20,7 @@ import keras
 import numpy as np
 
 from attnkit._atomic_save import replace_files
+from attnkit._keras_saving import save_model
 from attnkit._seed import set_random_seed
 from attnkit.distributed import data_parallel_plan, single_device_plan
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, STEP_SECONDS, StepWatchdog
@@ -208,7 +209,7 @@ class DateTranslator:
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(meta, f, indent=2)
 
-        return {MODEL_FILE: self.model.save, META_FILE: write_meta}
+        return {MODEL_FILE: lambda path: save_model(self.model, path), META_FILE: write_meta}  # no tensorflow import
 
     @classmethod
     def load(cls, directory):

@@ -22,6 +22,7 @@ import tempfile
 
 import keras
 
+from attnkit.distributed import exposure
 from attnkit.distributed.local import relax_xla_collective_timeouts
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS
 
@@ -94,10 +95,22 @@ class TorchEngine(Engine):
 
         self.dist = dist
         # The timeout bounds both the wait for the other processes and every collective after it.
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=world,
-            timeout=datetime.timedelta(seconds=timeout),
-        )
+        timeout = datetime.timedelta(seconds=timeout)
+        if exposure.is_loopback(host):
+            # A local run binds 127.0.0.1 only (docs/decisions.md item 113): the store on a socket of
+            # ours (TCPStore itself would listen on [::]), gloo's pairs on the loopback interface.
+            if exposure.loopback_interface():
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", exposure.loopback_interface())
+            self._listener = exposure.listening_socket(host, port) if rank == 0 else None
+            store = dist.TCPStore(
+                "127.0.0.1" if host == "localhost" else host, port, world, rank == 0, timeout,
+                master_listen_fd=None if self._listener is None else self._listener.fileno(),
+            )
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+            return
+        if rank == 0:
+            exposure.announce("torch.distributed's store (process 0)", port)
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=world, timeout=timeout)
 
     def prepare(self, model):
         import torch
@@ -148,9 +161,14 @@ class JaxEngine(Engine):
         import jax
 
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of other processes
+        local = exposure.is_loopback(host)
+        if rank == 0 and not local:
+            exposure.announce("jax's coordination service (process 0)", port)
         jax.distributed.initialize(
             f"{host}:{port}", num_processes=world, process_id=rank, initialization_timeout=timeout,
             heartbeat_timeout_seconds=2 * timeout,  # after attnkit's own step watchdog
+            # A local run's service on 127.0.0.1 only; jax's default is [::] (docs/decisions.md item 113).
+            coordinator_bind_address=f"{'127.0.0.1' if host == 'localhost' else host}:{port}" if local else None,
         )
         self.devices = jax.devices()  # of all processes
         # Each process feeds its own share: Keras must not shard it again (it refuses arrays on several
@@ -174,6 +192,9 @@ class TensorflowEngine(Engine):
         super().__init__(rank, world)
         import tensorflow as tf
 
+        # tensorflow's gRPC server has no bind address setting: it listens on every interface, even in
+        # a local run, and says so (docs/decisions.md item 113).
+        exposure.announce(f"tensorflow's gRPC server (worker {rank})", port + rank if "TF_CONFIG" not in os.environ else None)
         if "TF_CONFIG" not in os.environ:
             os.environ["TF_CONFIG"] = json.dumps({
                 "cluster": {"worker": [f"{host}:{port + i}" for i in range(world)]},

@@ -2,24 +2,26 @@
 
     GET  /                          the page
     GET  /api/model                 the source's `describe()`
-    POST /api/attention {"text": t}  the data contract of t (GET /api/attention?text=t too)
+    POST /api/attention {"text": t}  the data contract of t (Content-Type: application/json)
 
 Every answer of the API is JSON; an error is {"error": message} with status 400 (bad input:
-empty text, bad JSON, text or a query that is not UTF-8, a bad Content-Length, a malformed request
-line), 403 (a Host header other than this server's), 404, 411, 413 (a request over 1 MiB), 414 (a
-request line over 64 KiB), 501 (a method other than GET and POST) or 500 (the model failed; the
-message says why). It binds 127.0.0.1 only (docs/decisions.md item 38).
+empty text, a body the JSON parser cannot take, text that is not UTF-8, a bad Content-Length, a
+malformed request line), 403 (a Host header other than this server's, or a request another web page
+made: `request_checks`), 404, 405 (a GET of the computing endpoint), 411, 413 (a request over 1 MiB),
+414 (a request line over 64 KiB), 415 (a POST that is not application/json), 501 (a method other than
+GET and POST) or 500 (the model failed; the message says why). It binds 127.0.0.1 only
+(docs/decisions.md items 38 and 110).
 """
 
 import http.server
-import json
 import sys
 import threading
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from attnkit._messages import one_line, original
 from attnkit.explorer.contract import to_json
 from attnkit.explorer.page import render_page
+from attnkit.explorer.request_checks import foreign_origin, not_json_type, parse_json_body
 from attnkit.explorer.sources.checks import BadInput, check_text
 
 HOST = "127.0.0.1"
@@ -91,15 +93,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif parts.path == "/api/model":
             self._json(200, self.server.source.describe())
         elif parts.path == ENDPOINT:
-            try:  # strict, as a POST body: the default would read bytes that are not UTF-8 as U+FFFD
-                texts = parse_qs(parts.query, keep_blank_values=True, errors="strict").get("text")
-            except UnicodeDecodeError as e:
-                self._json(400, {"error": f"The query is not UTF-8: {e}"})
-                return
-            if texts is None:
-                self._json(400, {"error": "Give the text: GET /api/attention?text=... or POST {\"text\": ...}"})
-            else:
-                self._attention(texts[0])
+            # A GET is what an <img>, a <script> or a link of any web page can send without the page's
+            # own origin: the computing endpoint takes only JSON POSTs (docs/decisions.md item 110).
+            self._json(405, {"error": 'Use POST /api/attention with Content-Type: application/json and {"text": "..."}'},
+                       headers={"Allow": "POST"})
         else:
             self._json(404, {"error": f"Not found: {parts.path}"})
 
@@ -109,13 +106,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if urlsplit(self.path).path != ENDPOINT:
             self._json(404, {"error": f"Not found: {urlsplit(self.path).path}"})
             return
+        refused = not_json_type(self.headers)
+        if refused:
+            self.close_connection = True  # the body is left unread
+            self._json(415, {"error": refused})
+            return
         length = self._content_length()
         if length is None:
             return
         try:
-            body = json.loads(self.rfile.read(length).decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            self._json(400, {"error": f"The request is not UTF-8 JSON: {e}"})
+            body = parse_json_body(self.rfile.read(length))
+        except ValueError as e:
+            self._json(400, {"error": str(e)})
             return
         if not isinstance(body, dict) or not isinstance(body.get("text"), str):
             self._json(400, {"error": 'The request must be a JSON object {"text": "..."} with a string text'})
@@ -155,18 +157,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(200, to_json(data).encode("utf-8"), "application/json; charset=utf-8")
 
     def _host_ok(self):
-        """Refuses a Host other than this server's (a web page reaching it through DNS rebinding)."""
+        """Refuses a Host other than this server's (a web page reaching it through DNS rebinding), and a
+        request another web page made (`request_checks.foreign_origin`), before anything is computed."""
         port = self.server.server_address[1]
-        if self.headers.get("Host") in (f"{HOST}:{port}", f"localhost:{port}"):
-            return True
-        self._json(403, {"error": f"Host {self.headers.get('Host')!r} refused: open {self.server.url}"})
-        return False
+        if self.headers.get("Host") not in (f"{HOST}:{port}", f"localhost:{port}"):
+            self._json(403, {"error": f"Host {self.headers.get('Host')!r} refused: open {self.server.url}"})
+            return False
+        refused = foreign_origin(self.headers, port)
+        if refused:
+            self.close_connection = True  # a POST's body is left unread
+            self._json(403, {"error": refused})
+            return False
+        return True
 
-    def _json(self, status, value):
-        self._send(status, to_json(value).encode("utf-8"), "application/json; charset=utf-8")
+    def _json(self, status, value, headers=None):
+        self._send(status, to_json(value).encode("utf-8"), "application/json; charset=utf-8", headers)
 
-    def _send(self, status, body, content_type):
+    def _send(self, status, body, content_type, headers=None):
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")

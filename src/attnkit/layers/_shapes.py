@@ -33,6 +33,15 @@ def check_built_width(name, shape, projection):
         )
 
 
+def check_positive_widths(shapes):
+    """Raises a ValueError for an input of width 0 ({name: shape}): attention over no features has no
+    score (the ops refuse d_k = 0, docs/decisions.md item 114), and a projection built for width 0 would
+    hold the layer to it."""
+    for name, shape in shapes.items():
+        if shape is not None and len(shape) and shape[-1] == 0:
+            raise ValueError(f"`{name}` must have at least one feature. Received: {name}.shape={_shape_str(shape)}")
+
+
 def weights_spec(layer, batch, q_len, k_len):
     """The symbolic (B, h, T_q, T_k) attention weights of `layer` (its `h` heads, its compute dtype), for
     the `compute_output_spec` of a functional call with return_attention_weights=True."""

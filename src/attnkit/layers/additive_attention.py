@@ -12,6 +12,7 @@ from keras import ops
 from attnkit._validation import positive_int
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
+from attnkit.layers._shapes import check_positive_widths
 from attnkit.layers._policies import SublayerPolicies
 from attnkit import kernels
 from attnkit.ops.attention import masked_softmax
@@ -60,6 +61,7 @@ class AdditiveAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, query_shape, key_shape=None, value_shape=None):
+        check_positive_widths({"query": query_shape, "key": key_shape, "value": value_shape})
         self.W_q.build(query_shape)
         self.W_k.build(key_shape or query_shape)
         self.v.build((None, self.units))
@@ -101,6 +103,7 @@ class AdditiveAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
                 "`key` and `value` must have the same length T_k. Received shapes: "
                 f"key={_shape_str(key.shape)}, value={_shape_str(value.shape)}"
             )
+        check_positive_widths({"query": query.shape, "key": key.shape, "value": value.shape})
 
     def compute_mask(self, inputs, previous_mask=None):
         return keras_mask_of(inputs) if len(inputs.shape) == 3 else None  # per query step

@@ -13,7 +13,7 @@ from attnkit._validation import boolean, positive_int, rate
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._policies import SublayerPolicies
-from attnkit.layers._shapes import check_built_width
+from attnkit.layers._shapes import check_built_width, check_positive_widths
 from attnkit.layers._sublayer import call_sublayer, in_own_scope
 from attnkit.layers.linear import Linear
 from attnkit import kernels
@@ -110,6 +110,7 @@ class MultiHeadAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
     def build(self, queries_shape, keys_shape=None, values_shape=None):
         keys_shape = keys_shape or queries_shape
         values_shape = values_shape or keys_shape
+        check_positive_widths({"queries": queries_shape, "keys": keys_shape, "values": values_shape})
         self.W_q.build(queries_shape)
         self.W_k.build(keys_shape)
         self.W_v.build(values_shape)
@@ -277,6 +278,7 @@ class MultiHeadAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
                 "`keys` and `values` must have the same length T_k. Received shapes: "
                 f"keys={_shape_str(keys.shape)}, values={_shape_str(values.shape)}"
             )
+        check_positive_widths(shapes)
         for name, projection in (("queries", self.W_q), ("keys", self.W_k), ("values", self.W_v)):
             check_built_width(name, shapes[name], projection)
 

@@ -30,7 +30,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from attnkit._validation import boolean, floating, positive_float, positive_int, rate
+from attnkit._validation import ArgumentTypeError, boolean, floating, positive_float, positive_int, rate
 from attnkit import kernels
 from attnkit.kernels import tiled
 from attnkit.kernels.numerics import HALF_DTYPES, constant, scores_dtype
@@ -122,13 +122,25 @@ def tile_for(scores_shape, dtype):
     return tiled.tile_shape(scores_shape, score_dtype, min(tiled.TILE_BYTES, max_scores_bytes()))
 
 
-def _tensors(queries, keys, values):
-    """The three inputs as backend tensors, once their dtypes (floating) and shapes (`check_qkv`) are checked."""
-    for name, x in (("queries", queries), ("keys", keys), ("values", values)):
-        floating(name, x)  # before the conversion, which fails on strings with each backend's own message
+def checked_tensors(queries, keys, values):
+    """The three inputs as backend tensors, once their dtypes (floating, one dtype: `check_dtypes`) and
+    shapes (`check_qkv`) are checked: before any kernel runs, on every backend."""
+    check_dtypes(queries, keys, values)  # before the conversion, which fails on strings with each backend's own message
     queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
     check_qkv(queries, keys, values)
     return queries, keys, values
+
+
+def check_dtypes(queries, keys, values):
+    """Raises an ArgumentTypeError unless q, k and v are floating-point of one dtype (docs/decisions.md
+    item 114): the backends disagree on mixed ones (torch's kernels refuse them with their own error,
+    the explicit path promotes or demotes: a float64 q met float32 k/v in float32), so none is picked."""
+    dtypes = [floating(name, x) for name, x in (("queries", queries), ("keys", keys), ("values", values))]
+    if len(set(dtypes)) > 1:
+        raise ArgumentTypeError(
+            "`queries`, `keys` and `values` must have the same floating-point dtype (cast them first). Received: "
+            f"queries.dtype={dtypes[0]}, keys.dtype={dtypes[1]}, values.dtype={dtypes[2]}"
+        )
 
 
 def check_qkv(queries, keys, values):
@@ -161,6 +173,19 @@ def check_qkv(queries, keys, values):
             "`queries` and `keys` must have the same width d_k. Received shapes: "
             f"queries={_shape_str(q)}, keys={_shape_str(k)}"
         )
+    check_widths(queries, keys, values)
+
+
+def check_widths(queries, keys, values):
+    """Raises a ValueError if a width (d_k, d_v) is 0."""
+    for name, x, width in (("queries", queries, "d_k"), ("keys", keys, "d_k"), ("values", values, "d_v")):
+        shape = tuple(x.shape)
+        # No score over zero features (1/sqrt(0)); lengths of 0 are exact (docs/decisions.md item 114).
+        if shape and shape[-1] == 0:
+            raise ValueError(
+                f"`{name}` must have a positive width {width} (its last dimension). "
+                f"Received: {name}.shape={_shape_str(shape)}"
+            )
 
 
 def default_scale(queries, scale):
@@ -264,7 +289,7 @@ def scaled_dot_product_attention(
     >>> q = k = v = keras.random.normal((2, 5, 8))
     >>> out, w = scaled_dot_product_attention(q, k, v, causal=True)  # (2, 5, 8), (2, 5, 5)
     """
-    queries, keys, values = _tensors(queries, keys, values)
+    queries, keys, values = checked_tensors(queries, keys, values)
     causal, training = boolean("causal", causal), boolean("training", training)
     scale = default_scale(queries, scale)
     dropout = rate("dropout", dropout)
@@ -283,7 +308,7 @@ def fused_attention(
     CPU), they are computed a tile at a time instead, with an online softmax and a written-out
     gradient (`tiled.py`): memory grows as T_q + T_k, not T_q * T_k, and nothing is refused.
     """
-    queries, keys, values = _tensors(queries, keys, values)
+    queries, keys, values = checked_tensors(queries, keys, values)
     causal, training = boolean("causal", causal), boolean("training", training)
     scale = default_scale(queries, scale)
     dropout = rate("dropout", dropout)

@@ -14,6 +14,8 @@ from keras import ops
 
 from attnkit import kernels
 from attnkit.ops.attention import (
+    check_dtypes,
+    check_widths,
     default_scale,
     fused_attention,
     keep_mask,
@@ -60,14 +62,17 @@ def grouped_query_attention(
         (B, h, T_q, d_v), and the weights when `return_attention_weights`.
 
     Raises:
-        ValueError: ranks other than 4, h_kv not dividing h, other mismatched shapes.
+        ValueError: ranks other than 4, h_kv not dividing h, other mismatched shapes, a width of 0.
+        TypeError: queries, keys or values not floating-point, or not of one dtype.
 
     Example:
     >>> q, kv = keras.random.normal((2, 9, 5, 64)), keras.random.normal((2, 3, 5, 64))
     >>> grouped_query_attention(q, kv, kv, causal=True).shape  # (2, 9, 5, 64)
     """
+    check_dtypes(queries, keys, values)  # before torch's GQA kernel, which refuses mixed dtypes its own way
     queries, keys, values = (ops.convert_to_tensor(x) for x in (queries, keys, values))
     groups = check_groups(queries, keys, values)
+    check_widths(queries, keys, values)
     options = dict(causal=causal, scale=scale, dropout=dropout, training=training, seed=seed)
     if return_attention_weights:
         return scaled_dot_product_attention(queries, repeat_kv(keys, groups), repeat_kv(values, groups), mask, **options)
