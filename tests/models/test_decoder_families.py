@@ -170,3 +170,66 @@ def test_a_gemma_tokenizer_is_refused_by_name(tmp_path_factory):
     Tokenizer(models.BPE({"a": 0, "b": 1}, [])).save(os.path.join(path, "tokenizer.json"))
     with pytest.raises(ValueError, match=r"tokenizer_config\.json: transformers rebuilds tokenizer\.json as GemmaTokenizer"):
         load_causal_lm(path)
+
+
+def _write_gguf(path, arch, ref):
+    """A GGUF file of `arch` holding transformers model `ref`'s tensors under llama.cpp's names, as its
+    converter writes a Qwen3 (no permutation), with a byte-level BPE vocabulary of t0 .. t95."""
+    gguf = pytest.importorskip("gguf")
+    config = ref.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(64)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])
+    writer.add_token_merges([])
+    names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    layer = {hf: name for name, hf in families.qwen3.FAMILY.gguf["qwen3"].layer_names.items()}
+    for name, tensor in ref.state_dict().items():
+        stem, kind = name.rsplit(".", 1)
+        if stem.startswith("model.layers."):
+            i, sub = stem[len("model.layers."):].split(".", 1)
+            gguf_name = f"blk.{i}.{layer[sub]}.{kind}"
+        else:
+            gguf_name = f"{names[stem]}.{kind}"
+        writer.add_tensor(gguf_name, tensor.numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+@once_per_run
+def test_a_qwen3_gguf_file_loads_with_its_q_and_k_norms(tmp_path_factory):
+    ref, _ = _save(tmp_path_factory, "qwen3", attention_bias=False)
+    path = _write_gguf(tmp_path_factory.mktemp("gguf") / "qwen3.gguf", "qwen3", ref)
+    ids = np.random.default_rng(2).integers(0, 96, (1, 9))
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(load_causal_lm(path).logits(ids), expected, atol=1e-5)
+
+
+@once_per_run
+@pytest.mark.parametrize("arch", ["gemma", "phi3", "gemma2"])
+def test_gguf_architectures_without_a_reader_are_refused_by_name(tmp_path, arch):
+    gguf = pytest.importorskip("gguf")
+    from attnkit.models.gguf_checkpoint import read_gguf
+
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), arch)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=f"GGUF architecture '{arch}' is not supported by attnkit"):
+        read_gguf(tmp_path / "m.gguf")

@@ -3,8 +3,9 @@
     RMSNorm(x) = x / sqrt(mean(x^2) + epsilon) * gamma
 
 No centring. Gemma scales by (1 + gamma) instead (`offset=1`, gamma then starts at zeros as its
-checkpoints store it): the same function, the offset added to the scale. Half-precision inputs are normalized in float32 and the result cast back
-before the scale is applied, as transformers' LlamaRMSNorm does.
+checkpoints store it): the same function, the offset added to the scale (`norm_scale`).
+Half-precision inputs are normalized in float32 and the result cast back before the scale is
+applied, as transformers' LlamaRMSNorm does.
 
 Legend: B batch, T length, d_model width.
 """
