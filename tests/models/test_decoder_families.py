@@ -223,7 +223,7 @@ def test_a_qwen3_gguf_file_loads_with_its_q_and_k_norms(tmp_path_factory):
 @pytest.mark.parametrize("arch", ["gemma", "phi3", "gemma2"])
 def test_gguf_architectures_without_a_reader_are_refused_by_name(tmp_path, arch):
     gguf = pytest.importorskip("gguf")
-    from attnkit.models.gguf_checkpoint import read_gguf
+    from attnkit.checkpoints.formats.gguf import read_gguf
 
     writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), arch)
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))

@@ -12,7 +12,7 @@ Legend: V vocabulary, n layers, h / h_kv heads, d_k per-head width.
 
 import numpy as np
 
-from attnkit.checkpoints.families import GGUF_ARCHITECTURES
+from attnkit.checkpoints.families.decoders import GGUF_ARCHITECTURES
 
 # GGUF architectures attnkit builds, and whether W_q / W_k are stored permuted (llama.cpp's converter
 # permutes them for "llama" only): from the family files (docs/decisions.md item 101).
