@@ -6,7 +6,7 @@
 `decoder_block` is the block's one definition: the order of its steps, the q/k norms, the rotation,
 the cache, the gate's activation and the residual additions. It reads a family's options (activation,
 qk_norm) from the `DecoderOnlyLayer` and computes through a seam, `parts`, that says how a norm, a
-projection or the attention is computed, never what the block is:
+projection, the rotation or the attention is computed, never what the block is:
 
     LayerParts    the layer's own Keras sub-layers (`DecoderOnlyLayer.call`: every backend, any policy)
     TorchParts    the same variables' torch tensors, kept between steps (CausalLM's cached torch
@@ -31,7 +31,7 @@ def decoder_block(x, parts, cos, sin, cache=None, layer_index=0, start=0):
         q, k, v = parts.project_qkv(normed)  # (B, h, T, d_k), (B, h_kv, T, d_k) twice
         if options.qk_norm:  # Qwen3: an RMSNorm over each head's d_k, before the rotation
             q, k = parts.norm("q_norm", q), parts.norm("k_norm", k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = parts.rotate(q, cos, sin), parts.rotate(k, cos, sin)  # RoPE
         if cache is not None:
             k, v = cache.update(layer_index, k, v, start)  # (B, h_kv, S, d_k): every key so far
         return parts.attend(normed, q, k, v)  # (B, T, d_model), W_o applied
@@ -77,6 +77,8 @@ class LayerParts:
         k = _fused.split_heads(call_sublayer(attention.W_k, normed), h_kv, d_k)  # (B, h_kv, T, d_k)
         v = _fused.split_heads(call_sublayer(attention.W_v, normed), h_kv, d_k)  # (B, h_kv, T, d_k)
         return q, k, v
+
+    rotate = staticmethod(apply_rotary)
 
     def attend(self, normed, q, k, v):
         out = self.layer.attention.attend_projected(

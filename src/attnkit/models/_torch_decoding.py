@@ -83,6 +83,9 @@ class TorchParts:
         # (B, h, T, d_k), (B, h_kv, T, d_k) twice
         return _fused.split_heads(q, self.h, self.d_k), _fused.split_heads(k, self.h_kv, self.d_k), _fused.split_heads(v, self.h_kv, self.d_k)
 
+    # `apply_rotary`'s torch kernel without its checks: cos and sin are cast to x's dtype once per call
+    rotate = staticmethod(_fused.rotate)
+
     def attend(self, normed, q, k, v):
         heads = self.attend_heads(q, k, v, self.keep, causal=self.causal, dropout=self.dropout, training=False, seed=self.seed)
         return _fused.torch_linear(_fused.merge_heads(heads), *self.W_o)  # (B, T, d_model)
