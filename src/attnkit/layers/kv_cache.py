@@ -114,7 +114,7 @@ class KVCache:
         """Copies row `source_row` of `source` (another cache of this layout), its slots [0, source.length),
         into row `row` at slots [at, at + source.length); the row's other slots become invalid."""
         n = source.length
-        if not 0 <= at and at + n <= self.max_length:
+        if not (0 <= at and at + n <= self.max_length):
             raise ValueError(f"Slots [{at}, {at + n}) are outside the cache's {self.max_length}")
         for buffers, sources in ((self.keys, source.keys), (self.values, source.values)):
             for i, (buffer, part) in enumerate(zip(buffers, sources)):

@@ -127,10 +127,15 @@ class Engine:
                         future.set_result(function())
                     except BaseException as e:  # noqa: BLE001 - handed to the caller
                         future.set_exception(e)
-            self._drop(lambda g: g.cancelled or g.done)
-            self._admit()
-            if self.rows:
-                self._step()
+            try:
+                self._drop(lambda g: g.cancelled or g.done)
+                self._admit()
+                if self.rows:
+                    self._step()
+            except Exception as e:  # noqa: BLE001 - a fault of the engine's own: its requests fail, it goes on
+                for generation in self.rows:
+                    generation.fail(_message(e).replace("the model", "the server"))
+                self.rows, self.cache = [], None
 
     def _admit(self):
         while len(self.rows) < self.max_batch:
@@ -164,35 +169,34 @@ class Engine:
         n = small.length
         if self.cache is None:
             self.cache = self.model.new_cache(self.max_batch, _room(max(n + 1, 256)))
-        if not self.rows:
-            self.cache.length = 0
-            self.cache.valid[:] = False
         cache = self.cache
+        if not self.rows:
+            cache.length = 0
+            cache.valid[:] = False
+        self._ensure(1, at_least=n)
         if cache.length < n:
             # Every active row gets invalid slots up to n: the new prompt's slots end at `length`.
-            self._ensure(n + 1)
             cache.valid[:, cache.length : n] = False
             cache.length = n
-        else:
-            self._ensure(cache.length + 1)
         cache.place(len(self.rows), small, 0, cache.length - n)
         self.rows.append(generation)
 
-    def _ensure(self, length):
-        """Room for `length` filled slots: compacting first, growing if that is not enough. Compacts too
-        when more than half the filled slots are invalid (they cost attention)."""
+    def _ensure(self, new, at_least=0):
+        """Room for `new` slots after max(length, at_least): compacting first, growing if that is not
+        enough. Compacts too when over half the filled slots are invalid (they cost attention)."""
         cache, b = self.cache, len(self.rows)
         held = int(cache.valid[:b, : cache.length].sum(axis=1).max()) if b else 0
-        if length > cache.max_length or (cache.length > 64 and held < cache.length // 2):
-            length -= cache.length - cache.compact(b)
-        if length > cache.max_length:
-            cache.grow(_room(max(length, 2 * cache.max_length)))
+        if max(cache.length, at_least) + new > cache.max_length or (cache.length > 64 and held < cache.length // 2):
+            cache.compact(b)
+        need = max(cache.length, at_least) + new
+        if need > cache.max_length:
+            cache.grow(_room(max(need, 2 * cache.max_length)))
 
     def _step(self):
         """One decoding step of every active row; a failing step is retried row by row, so a model
         error fails only the rows it comes from."""
         cache, b = self.cache, len(self.rows)
-        self._ensure(cache.length + 1)
+        self._ensure(1)
         saved = cache.length, cache.valid[:b].copy(), cache.seen[:b].copy()
         try:
             # jax and tensorflow: every row steps (the free ones on a padding token of their own), so a
