@@ -125,3 +125,16 @@ def test_a_full_queue_is_refused(lm):
     finally:
         release.set()
         engine.close()
+
+
+def test_a_closing_engine_takes_no_new_request_and_finishes_those_running(lm):
+    from attnkit.server.engine import Closed
+
+    engine = Engine(lm.model, max_batch=2, max_queue=4, pad_id=lm.pad_id)
+    done = threading.Event()
+    running = Generation([3, 4], 5, lambda e: done.set() if e.finish else None, lm.decode)
+    engine.submit(running)
+    engine.close(timeout=60)
+    assert done.is_set() and running.tokens == solo(lm, [3, 4], 5)
+    with pytest.raises(Closed, match="shutting down"):
+        engine.submit(Generation([1], 2, lambda e: None, lm.decode))
