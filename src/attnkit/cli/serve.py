@@ -60,7 +60,10 @@ def _serve(args):
     from attnkit.explorer.sources.causal_lm import DEFAULT_NAME, CausalLMSource
     from attnkit.models.causal_checkpoint import load_causal_lm
     from attnkit.models.pretrained import load_pretrained
-    from attnkit.server import Server, build
+    try:
+        from attnkit.server import Server, build
+    except ImportError as e:
+        raise CommandError(f"attnkit serve needs its extra: pip install 'attnkit[serve]' ({e})") from None
 
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
     if api_key is not None and not api_key.strip():
