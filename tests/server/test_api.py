@@ -9,6 +9,7 @@ import json
 import threading
 import time
 
+import keras
 import numpy as np
 import pytest
 
@@ -239,11 +240,13 @@ def test_the_explorer_is_served_at_explore(served, lm):
 
 
 def test_load_32_clients_200_requests_each_its_solo_reply(served, lm):
-    """Bounded load on loopback: every reply equals the library's solo output; none fails."""
+    """Bounded load on loopback: every reply equals the library's solo output; none fails. On jax and
+    tensorflow 8 clients send 40 requests: their solo references cost a compiled program per shape."""
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{served[0].port}/v1", api_key="-", max_retries=0, timeout=300)
-    # Four prompt lengths (jax and tensorflow compile per shape), 200 different prompts.
-    prompts = [f"{i:03d}" + "abcdefghijklmnopqrstuvwxyz"[: 4 * (i % 4)] for i in range(200)]
-    lengths = [2 + i % 5 for i in range(200)]
+    total, clients = (200, 32) if keras.backend.backend() == "torch" else (40, 8)
+    # Four prompt lengths (jax and tensorflow compile per shape), all prompts different.
+    prompts = [f"{i:03d}" + "abcdefghijklmnopqrstuvwxyz"[: 4 * (i % 4)] for i in range(total)]
+    lengths = [2 + i % 5 for i in range(total)]
     want = [lm.decode(solo(lm, lm.encode(p), n)) for p, n in zip(prompts, lengths)]
 
     def one(i):
@@ -252,10 +255,10 @@ def test_load_32_clients_200_requests_each_its_solo_reply(served, lm):
         return "".join(c.choices[0].text for c in reply) if stream else reply.choices[0].text
 
     started = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        got = list(pool.map(one, range(200)))
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        got = list(pool.map(one, range(total)))
     elapsed = time.monotonic() - started
     assert got == want
     cache = served[1].cache  # memory bounded: the batch's rows, and slots for at most twice the context
     assert cache.keys[0].shape[0] == 4 and cache.max_length <= 2 * 2048 + 64
-    print(f"load: 200 requests from 32 clients in {elapsed:.1f} s, {served[1].steps} engine steps so far")
+    print(f"load: {total} requests from {clients} clients in {elapsed:.1f} s, {served[1].steps} engine steps so far")

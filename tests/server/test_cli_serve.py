@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 
+import keras
 import pytest
 
 pytest.importorskip("fastapi", reason="the server's stack (attnkit[serve])")
@@ -18,6 +19,8 @@ from test_api import raw  # noqa: E402
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the process's life is the backend's-independent part; "
+                    "tests/server/test_api.py serves on this backend in-process")
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(tiny_llama_path, tiny_bert_path):
     env = {**os.environ, "PYTHONPATH": os.path.abspath(SRC), "ATTNKIT_API_KEY": "k"}
     process = subprocess.Popen(

@@ -39,8 +39,8 @@ def test_batched_greedy_tokens_equal_each_request_served_alone(lm):
     rng = np.random.default_rng(1)
     # Lengths 1..70 and 3..25 new tokens with max_batch 3: requests join and leave at different steps,
     # prompts longer than the cache's filled slots make it shift, the slot run out and compact or grow.
-    prompts = [list(rng.integers(0, 256, int(n))) for n in (1, 70, 5, 33, 2, 64, 17, 9)]
-    lengths = [25, 3, 12, 7, 20, 4, 15, 9]
+    prompts = [list(rng.integers(0, 256, int(n))) for n in (1, 70, 5, 33, 2, 64)]
+    lengths = [25, 3, 12, 7, 20, 4]
     engine = Engine(lm.model, max_batch=3, max_queue=16, pad_id=lm.pad_id)
     try:
         got = run(engine, lm, prompts, lengths)

@@ -59,6 +59,7 @@ class Engine:
         self.waiting = collections.deque()
         self.jobs = collections.deque()  # (callable, Future) run between steps
         self.rows = []  # the active `Generation`s; rows[i] is cache row i
+        self.admitting = 0  # 1 while a request taken from `waiting` is prefilled (in neither list)
         self.cache = None
         self.steps = 0
         self.condition = threading.Condition()
@@ -92,7 +93,7 @@ class Engine:
     def busy(self):
         """Requests waiting or running."""
         with self.condition:
-            return len(self.waiting) + len(self.rows)
+            return len(self.waiting) + len(self.rows) + self.admitting
 
     def close(self, timeout=30.0):
         """Takes no new request; lets those running and waiting finish for up to `timeout` seconds,
@@ -143,16 +144,20 @@ class Engine:
                 if not self.waiting:
                     return
                 generation = self.waiting.popleft()
-            if generation.cancelled:
-                continue
+                self.admitting = 1
             try:
-                small = self._prefill(generation)
-            except Exception as e:  # noqa: BLE001 - a model error fails this request only
-                generation.fail(_message(e))
-                continue
-            if generation.done:
-                continue  # its first token ended it
-            self._place(generation, small)
+                if generation.cancelled:
+                    continue
+                try:
+                    small = self._prefill(generation)
+                except Exception as e:  # noqa: BLE001 - a model error fails this request only
+                    generation.fail(_message(e))
+                    continue
+                if not generation.done:  # else its first token ended it
+                    self._place(generation, small)
+            finally:
+                with self.condition:
+                    self.admitting = 0
 
     def _prefill(self, generation):
         """Runs the prompt alone in a cache of its own; picks the first token; returns that cache."""
