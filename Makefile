@@ -17,7 +17,7 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 install: $(PY)
-	$(INSTALL) -e ".[torch,pretrained,viz,llm]"
+	$(INSTALL) -e ".[torch,pretrained,viz,llm,serve]"
 
 install-dev: $(PY)
 	$(INSTALL) -e ".[torch,jax,tensorflow,dev]"
@@ -37,6 +37,7 @@ bench: install-dev
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/lm_generation.py
+	$(PY) benchmarks/serve.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -77,3 +77,84 @@ def test_reorder_keeps_the_rows_asked_for_in_that_order():
     np.testing.assert_array_equal(to_numpy(cache.values[0])[:, :, :2], -k[[2, 2, 1, 0]])
     np.testing.assert_array_equal(cache.seen, [2, 2, 1, 2])
     np.testing.assert_array_equal(cache.valid[:, :2], [[True, True], [True, True], [False, True], [True, True]])
+
+
+def _filled(batch, slots, seed):
+    """A 2-layer cache whose every slot holds distinct numbers, `valid` random, and NumPy copies of its buffers."""
+    rng = np.random.default_rng(seed)
+    cache = KVCache(n=2, batch=batch, num_kv_heads=2, max_length=slots, d_k=3)
+    keys = [rng.standard_normal((batch, 2, slots, 3)).astype("float32") for _ in range(2)]
+    values = [rng.standard_normal((batch, 2, slots, 3)).astype("float32") for _ in range(2)]
+    cache.keys = [keras_tensor(k) for k in keys]
+    cache.values = [keras_tensor(v) for v in values]
+    cache.length = slots - 1
+    cache.valid[:, : slots - 1] = rng.random((batch, slots - 1)) < 0.6
+    cache.seen = cache.valid.sum(axis=1)
+    return cache, keys, values
+
+
+def keras_tensor(x):
+    from keras import ops
+
+    return ops.convert_to_tensor(x)
+
+
+def test_place_copies_a_row_s_filled_slots_and_invalidates_the_rest():
+    cache, keys, values = _filled(3, 8, seed=0)
+    source, s_keys, _ = _filled(2, 5, seed=1)  # length 4
+    cache.place(2, source, 1, at=3)
+    for layer in range(2):
+        want = keys[layer].copy()
+        want[2, :, 3:7] = s_keys[layer][1, :, :4]
+        np.testing.assert_array_equal(to_numpy(cache.keys[layer]), want)
+        np.testing.assert_array_equal(to_numpy(cache.values[layer])[:2], values[layer][:2])
+    assert not cache.valid[2, :3].any() and not cache.valid[2, 7:].any()
+    np.testing.assert_array_equal(cache.valid[2, 3:7], source.valid[1, :4])
+    assert cache.seen[2] == source.seen[1]
+    with pytest.raises(ValueError, match="outside the cache"):
+        cache.place(0, source, 0, at=5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(count=st.integers(1, 3), seed=st.integers(0, 1000))
+def test_compact_keeps_each_row_s_valid_slots_in_order_at_the_end(count, seed):
+    cache, keys, values = _filled(3, 9, seed)
+    valid = cache.valid.copy()
+    length = cache.compact(count)
+    held = valid[:count, :8].sum(axis=1)
+    assert length == held.max()
+    for r in range(count):
+        slots = np.flatnonzero(valid[r, :8])
+        new = np.arange(length - len(slots), length)
+        assert cache.valid[r, :length].tolist() == [i >= length - len(slots) for i in range(length)]
+        for layer in range(2):
+            np.testing.assert_array_equal(to_numpy(cache.keys[layer])[r, :, new], keys[layer][r, :, slots])
+            np.testing.assert_array_equal(to_numpy(cache.values[layer])[r, :, new], values[layer][r, :, slots])
+    assert not cache.valid[count:].any() and not cache.valid[:, length:].any() and cache.length == length
+
+
+def test_rows_views_and_merge_rows_write_back_a_step_of_some_rows():
+    cache, keys, _ = _filled(3, 8, seed=2)
+    view = cache.rows(1, 3)
+    start = view.length
+    view.advance(np.ones((2, 1), bool))
+    new = np.full((2, 2, 1, 3), 7.0, "float32")
+    for layer in range(2):
+        view.update(layer, keras_tensor(new), keras_tensor(new), start)
+    cache.merge_rows(view, 1)
+    assert cache.length == start + 1 and cache.valid[1:, start].all() and not cache.valid[0, start]
+    for layer in range(2):
+        got = to_numpy(cache.keys[layer])
+        np.testing.assert_array_equal(got[1:, :, start], new[:, :, 0])
+        np.testing.assert_array_equal(got[0], keys[layer][0])
+
+
+def test_grow_adds_empty_slots_and_keeps_the_rest():
+    cache, keys, _ = _filled(2, 4, seed=3)
+    valid = cache.valid.copy()
+    cache.grow(10)
+    assert cache.max_length == 10 and cache.valid.shape == (2, 10) and not cache.valid[:, 4:].any()
+    np.testing.assert_array_equal(cache.valid[:, :4], valid)
+    np.testing.assert_array_equal(to_numpy(cache.keys[1])[:, :, :4], keys[1])
+    with pytest.raises(ValueError, match="cannot grow"):
+        cache.grow(5)

@@ -90,6 +90,76 @@ class KVCache:
         self.values = [ops.take(v, index, axis=0) for v in self.values]
         self.valid, self.seen = self.valid[rows], self.seen[rows]
 
+    # Row operations for continuous batching (attnkit.server; docs/decisions.md item 115): sequences
+    # join and leave a batch between steps. A row's keys are rotated at its own positions before they
+    # are written, and `valid` says which of its slots it attends to, so where its slots lie does not
+    # change what it computes: a prompt prefilled alone can be placed at any free run of slots.
+
+    def rows(self, start, stop):
+        """A cache of rows [start, stop) sharing this one's bookkeeping (NumPy views, written through)
+        and, on torch, its buffers (views written in place); on jax and tensorflow `merge_rows` writes
+        the view's new buffers back."""
+        view = KVCache.of_buffers([k[start:stop] for k in self.keys], [v[start:stop] for v in self.values])
+        view.length, view.valid, view.seen = self.length, self.valid[start:stop], self.seen[start:stop]
+        return view
+
+    def merge_rows(self, view, start):
+        """Takes the step `view` (from `rows(start, ...)`) ran: its length and, off torch, its buffers."""
+        self.length = view.length
+        if not _fused._is_torch_tensor(self.keys[0]):
+            self.keys = [_written(b, k, start, 0) for b, k in zip(self.keys, view.keys)]
+            self.values = [_written(b, v, start, 0) for b, v in zip(self.values, view.values)]
+
+    def place(self, row, source, source_row, at):
+        """Copies row `source_row` of `source` (another cache of this layout), its slots [0, source.length),
+        into row `row` at slots [at, at + source.length); the row's other slots become invalid."""
+        n = source.length
+        if not (0 <= at and at + n <= self.max_length):
+            raise ValueError(f"Slots [{at}, {at + n}) are outside the cache's {self.max_length}")
+        for buffers, sources in ((self.keys, source.keys), (self.values, source.values)):
+            for i, (buffer, part) in enumerate(zip(buffers, sources)):
+                buffers[i] = _written(buffer, part[source_row : source_row + 1, :, :n], row, at)  # (1, h_kv, n, d)
+        valid = source.valid[source_row, :n].copy()  # copied first: `source` may be this cache
+        self.valid[row] = False
+        self.valid[row, at : at + n] = valid
+        self.seen[row] = source.seen[source_row]
+
+    def compact(self, count):
+        """Moves the valid slots of rows [0, count) to the end of slots [0, L'), L' the most any row
+        holds, in their order; the rest of the cache becomes invalid and `length` L'. Returns L'."""
+        valid = self.valid[:count, : self.length]  # (count, L)
+        held = valid.sum(axis=1)
+        new_length = int(held.max()) if count else 0
+        index = np.zeros((count, new_length), "int32")  # (count, L'): the slot each new slot reads
+        new_valid = np.zeros((count, new_length), bool)
+        for r in range(count):
+            slots = np.flatnonzero(valid[r])
+            index[r, new_length - len(slots):] = slots
+            new_valid[r, new_length - len(slots):] = True
+        if count and new_length:
+            for buffers in (self.keys, self.values):
+                for i, buffer in enumerate(buffers):
+                    _, h, _, d = buffer.shape
+                    gather = ops.broadcast_to(ops.convert_to_tensor(index[:, None, :, None]), (count, h, new_length, d))
+                    moved = ops.take_along_axis(buffer[:count], gather, axis=2)  # (count, h_kv, L', d)
+                    buffers[i] = _written(buffer, moved, 0, 0)
+        self.valid[:] = False
+        self.valid[:count, :new_length] = new_valid
+        self.length = new_length
+        return new_length
+
+    def grow(self, max_length):
+        """Room for `max_length` slots: the buffers are extended with empty slots."""
+        extra = max_length - self.max_length
+        if extra < 0:
+            raise ValueError(f"The cache holds {self.max_length} slots; it cannot grow to {max_length}")
+        for buffers in (self.keys, self.values):
+            for i, buffer in enumerate(buffers):
+                B, h, _, d = buffer.shape
+                buffers[i] = ops.concatenate([buffer, ops.zeros((B, h, extra, d), buffer.dtype)], axis=2)
+        self.valid = np.concatenate([self.valid, np.zeros((self.valid.shape[0], extra), bool)], axis=1)
+        self.max_length = max_length
+
     def advance(self, valid_new):
         """Records T new slots; valid_new (B, T) bool. Returns their positions (B, T) (NumPy ints)."""
         valid_new = np.asarray(valid_new, dtype=bool)
@@ -104,6 +174,15 @@ class KVCache:
         self.seen += valid_new.sum(axis=1)
         self.length += valid_new.shape[1]
         return positions
+
+
+def _written(buffer, part, row, slot):
+    """`buffer` (B, h, S, d) with `part` (b, h, s, d) written at rows [row, row + b), slots [slot, slot + s):
+    in place on torch, a new array elsewhere."""
+    if _fused._is_torch_tensor(buffer):
+        buffer[row : row + part.shape[0], :, slot : slot + part.shape[2]] = part
+        return buffer
+    return ops.slice_update(buffer, (row, 0, slot, 0), ops.cast(part, buffer.dtype))
 
 
 def keep_mask(valid_keys, query_slots, window=None):
