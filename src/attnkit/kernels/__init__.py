@@ -968,6 +968,11 @@ def times_transposed(x, weight, pack=True):
         if y is not None:
             return y
         if _onednn_takes(x, weight, None):
+            if _records_graph(x, weight):
+                # oneDNN's linear has no backward: under autograd (fine-tuning below a tied vocabulary
+                # projection) its gradient was silently zero; `_OneDNNLinear` gives it one
+                # (docs/decisions.md item 124).
+                return _OneDNNLinear.apply(x, weight.t(), None, False)
             return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "none")
         return F.linear(x, weight)
     return einsum("...d,vd->...v", x, weight)
