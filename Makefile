@@ -37,6 +37,7 @@ bench: install-dev
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/lm_generation.py
+	$(PY) benchmarks/finetune.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
