@@ -4,8 +4,10 @@ import json
 
 import numpy as np
 import pytest
+from backend_utils import once_per_run
 
 transformers = pytest.importorskip("transformers")
+pytestmark = once_per_run  # tokenization: the same on every backend
 
 from attnkit.finetune import data  # noqa: E402
 from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
