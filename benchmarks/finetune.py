@@ -45,7 +45,7 @@ def main():
     import transformers
 
     from attnkit.finetune import lora, training
-    from attnkit.models.causal_checkpoint import default_causal_lm_path, load_causal_lm
+    from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
 
     try:
         import peft

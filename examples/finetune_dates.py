@@ -2,7 +2,7 @@
 
     user: "Normalise: 3/3/21"   ->   assistant: "2021-03-03"
 
-The data is attnkit's embedded date task (attnkit.tasks.dates): many surface forms of a date, the
+The data is attnkit's embedded date task (attnkit.dates.task): many surface forms of a date, the
 ISO 8601 form as the answer. The script scores exact match on held-out dates before and after
 fine-tuning, and times the training.
 
@@ -20,8 +20,8 @@ import time
 
 import attnkit  # noqa: F401  (chooses the Keras backend)
 from attnkit.finetune import finetune
-from attnkit.models.causal_checkpoint import load_causal_lm
-from attnkit.tasks import dates
+from attnkit.pipelines.causal_checkpoint import load_causal_lm
+from attnkit.dates import task as dates
 
 SYSTEM = "Answer with the date in ISO 8601 form, YYYY-MM-DD."
 

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = once_per_run  # tokenization: the same on every backend
 
 from attnkit.finetune import data  # noqa: E402
-from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import load_causal_lm  # noqa: E402
 from tiny import TEMPLATE, write_jsonl  # noqa: E402
 
 # The test template marks the assistant's turns as transformers' assistant mask reads them.

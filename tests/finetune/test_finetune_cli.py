@@ -13,7 +13,7 @@ peft = pytest.importorskip("peft")
 
 from attnkit.cli import main  # noqa: E402
 from attnkit.finetune import finetune  # noqa: E402
-from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import load_causal_lm  # noqa: E402
 from tiny import date_chats, write_jsonl  # noqa: E402
 
 SETTINGS = dict(epochs=2, batch_size=4, learning_rate=5e-2, lora_rank=4, lora_alpha=8, max_length=128, log=lambda *a: None)

@@ -10,7 +10,7 @@ peft = pytest.importorskip("peft")
 import keras  # noqa: E402
 
 from attnkit.finetune import data, lora, training  # noqa: E402
-from attnkit.models.causal_checkpoint import load_causal_lm  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import load_causal_lm  # noqa: E402
 from tiny import date_chats  # noqa: E402
 
 RANK, ALPHA, SGD_LR, ADAMW_LR = 4, 8.0, 0.5, 0.02

@@ -3,7 +3,8 @@ saved by transformers at test time, and small JSON-lines data sets."""
 
 import json
 
-from attnkit.models.gguf_checkpoint import bytes_to_unicode
+from attnkit.checkpoints.formats.gguf import bytes_to_unicode
+from attnkit.dates import task as dates
 
 # SmolLM2-135M-Instruct's template (its default system message shortened)
 TEMPLATE = (
@@ -49,7 +50,5 @@ def write_jsonl(path, records):
 
 
 def date_chats(n, seed=0):
-    from attnkit.tasks import dates
-
     return [{"messages": [{"role": "user", "content": f"Normalise: {s}"}, {"role": "assistant", "content": t}]}
             for s, t in dates.generate(n, seed)]

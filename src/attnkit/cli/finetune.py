@@ -9,6 +9,7 @@ the result handed to transformers and PEFT (attnkit.finetune; docs/decisions.md 
 import argparse
 
 from attnkit.cli.errors import non_negative_int, positive_int, seed
+from attnkit.finetune import export, finetune
 
 
 def _positive_float(text):
@@ -22,8 +23,6 @@ def _positive_float(text):
 
 
 def _finetune(args):
-    from attnkit.finetune import finetune
-
     history = finetune(
         args.data, args.output_dir, eval_file=args.eval, model=args.model, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, lora_targets=args.lora_targets, epochs=args.epochs, learning_rate=args.learning_rate,
@@ -40,8 +39,6 @@ def _finetune(args):
 
 def export_finetuned(directory, out):
     """`attnkit export DIR OUT` (the export command is cli/pretrained.py's, shared with the encoders)."""
-    from attnkit.finetune import export
-
     out = export(directory, out)
     print(f"wrote {out} (transformers: AutoModelForCausalLM.from_pretrained; PEFT: {out}/adapter)")
     return 0

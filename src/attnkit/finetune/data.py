@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from attnkit.models.chat_template import render_chat
+from attnkit.pipelines.chat_template import render_chat
 
 IGNORE = -100  # transformers' ignore_index: a label the loss skips
 

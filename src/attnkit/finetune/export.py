@@ -12,7 +12,7 @@ import shutil
 from attnkit._atomic_save import replace_files
 from attnkit.finetune.hf_directory import MODEL_FILES, write_model_directory
 from attnkit.finetune.run import ADAPTER, ADAPTER_FILES, read_summary, write_adapter
-from attnkit.models.causal_checkpoint import load_causal_lm
+from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
 
 def export(directory, out):

@@ -18,7 +18,7 @@ from attnkit._atomic_save import replace_files
 from attnkit._validation import positive_float, positive_int
 from attnkit.finetune import checkpoint, data, lora, training
 from attnkit.finetune.hf_directory import MODEL_FILES, write_model_directory
-from attnkit.models.causal_checkpoint import default_causal_lm_path, load_causal_lm
+from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
 
 ADAPTER, ADAPTER_FILES, SUMMARY = "adapter", ("adapter_config.json", "adapter_model.safetensors"), "finetune.json"
 
