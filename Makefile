@@ -38,6 +38,7 @@ bench: install-dev
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/lm_generation.py
 	$(PY) benchmarks/serve.py
+	$(PY) benchmarks/finetune.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

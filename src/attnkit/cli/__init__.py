@@ -10,6 +10,8 @@
     attnkit generate    continues a prompt with a language model (default SmolLM2-135M-Instruct), streamed
     attnkit chat        chats with the language model, interactively or from piped stdin
     attnkit serve       an OpenAI-compatible HTTP server of the language and embedding models
+    attnkit finetune    fine-tunes the language model on a JSON-lines file with LoRA
+    attnkit export      writes a fine-tuned model for transformers and its adapter for PEFT
 
 embed, similarity and heads use the embedded all-MiniLM-L6-v2 model, or `--model DIR`.
 
@@ -22,7 +24,7 @@ import sys
 
 from attnkit._interrupts import pressed, watching_ctrl_c
 from attnkit._messages import one_line, original
-from attnkit.cli import explore, generation, pretrained, serve, translation
+from attnkit.cli import explore, finetune, generation, pretrained, serve, translation
 from attnkit.cli.errors import CommandError, Parser
 
 __all__ = ["CommandError", "build_parser", "main"]
@@ -36,6 +38,7 @@ def build_parser():
     explore.add_commands(commands)  # explore
     generation.add_commands(commands)  # generate, chat
     serve.add_commands(commands)  # serve
+    finetune.add_commands(commands)  # finetune (export DIR OUT: pretrained.py)
     return parser
 
 

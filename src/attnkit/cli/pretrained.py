@@ -12,6 +12,7 @@ from attnkit._messages import field
 from attnkit.cli._input import note_no_texts, read_texts
 from attnkit.cli._output import check_output_file, write_output_file
 from attnkit.cli.errors import CommandError, positive_int, utf8_text
+from attnkit.cli.finetune import export_finetuned
 from attnkit.cli.generation import require_tokenizer
 from attnkit.pipelines import encoder as encoder_pipeline
 from attnkit.pipelines.causal_checkpoint import load_causal_lm
@@ -134,6 +135,10 @@ def _heads(args):
 
 
 def _export(args):
+    if args.out is not None:  # `attnkit export DIR OUT`: a fine-tuned language model (docs/decisions.md item 123)
+        if args.model is not None or args.force:
+            raise CommandError("export DIR OUT takes a fine-tuned directory and writes OUT; --model and --force are for an encoder")
+        return export_finetuned(args.output, args.out)
     if not args.output:
         raise CommandError("DIR must not be empty")
     if os.path.lexists(args.output) and not args.force:
@@ -187,7 +192,9 @@ def add_commands(commands):
     export = commands.add_parser(
         "export", help="write the model as a Hugging Face directory (transformers, sentence-transformers)"
     )
-    export.add_argument("output", metavar="DIR", help="the directory to write")
+    export.add_argument("output", metavar="DIR", help="the directory to write (or, with OUT, a fine-tuned directory)")
+    export.add_argument("out", metavar="OUT", nargs="?", help="with a fine-tuned DIR (attnkit finetune): the Hugging Face "
+                        "directory to write, with its adapter in PEFT's format in OUT/adapter")
     export.add_argument("--force", action="store_true", help="replace an existing directory")
     _add_model_option(export)
     export.set_defaults(run=_export)

@@ -968,9 +968,18 @@ def times_transposed(x, weight, pack=True):
         if y is not None:
             return y
         if _onednn_takes(x, weight, None):
+            if _records_graph(x, weight):
+                # oneDNN's linear has no backward: under autograd (fine-tuning below a tied vocabulary
+                # projection) its gradient was silently zero; `_OneDNNLinear` gives it one
+                # (docs/decisions.md item 124).
+                return _OneDNNLinear.apply(x, weight.t(), None, False)
             return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "none")
         return F.linear(x, weight)
-    return einsum("...d,vd->...v", x, weight)
+    # Letters, not an ellipsis: tensorflow's einsum gradient broadcasts an ellipsis operand before
+    # reducing it, a (B, T, V, d) tensor for the weight's gradient (130 GB for SmolLM2 at batch 16):
+    # fine-tuning failed with an OOM (docs/decisions.md item 124).
+    axes = "abcefghijklmnopqrstu"[: len(x.shape) - 1]
+    return einsum(f"{axes}d,vd->{axes}v", x, weight)
 
 
 def linear(x, kernel, bias, activation):

