@@ -2,11 +2,13 @@
 (docs/decisions.md item 110): requests another web page can make are refused before the
 model is called, and bodies the JSON parser cannot take are a JSON 400, the server serving on."""
 
+import http.client
 import json
+import socket
 import threading
 
 import pytest
-from test_explorer_server import raw_request, request
+from test_explorer_server import request
 
 from attnkit.explorer.server import ExplorerServer
 
@@ -35,10 +37,16 @@ def server(tiny_source):
 
 
 def _raw(server, method, headers, body=b""):
+    """(status, content type, body) of a request sent with exactly these headers (a first computation
+    compiles the model: jax under load takes seconds)."""
     port = server.server_address[1]
     lines = [f"{method} /api/attention HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
-    return raw_request(server, ("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+    with socket.create_connection(server.server_address, timeout=120) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        return response.status, response.headers["Content-Type"], response.read().decode("utf-8")
 
 
 @pytest.mark.parametrize(
