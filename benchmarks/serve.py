@@ -66,7 +66,7 @@ def free_port():
 
 
 def attnkit_rows(path, clients_list, per_client, max_tokens, max_batch):
-    from attnkit.models.causal_checkpoint import load_causal_lm
+    from attnkit.pipelines.causal_checkpoint import load_causal_lm
     from attnkit.server import build, serving_in_thread
 
     lm = load_causal_lm(path)
@@ -124,7 +124,7 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=16)
     args = parser.parse_args()
-    from attnkit.models.causal_checkpoint import default_causal_lm_path
+    from attnkit.pipelines.causal_checkpoint import default_causal_lm_path
 
     if args.quick:
         import torch

@@ -27,13 +27,13 @@ def tiny_bert_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lm(tiny_llama_path):
-    from attnkit.models.causal_checkpoint import load_causal_lm
+    from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
     return load_causal_lm(tiny_llama_path)
 
 
 @pytest.fixture(scope="module")
 def encoder(tiny_bert_path):
-    from attnkit.models.pretrained import load_pretrained
+    from attnkit.pipelines.encoder import load_pretrained
 
     return load_pretrained(tiny_bert_path)

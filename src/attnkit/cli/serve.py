@@ -15,7 +15,16 @@ import ipaddress
 import os
 import sys
 
+from attnkit._interrupts import raise_if_pressed, stopped_by_ctrl_c
 from attnkit.cli.errors import CommandError, positive_int
+from attnkit.explorer.sources.causal_lm import DEFAULT_NAME, CausalLMSource
+from attnkit.pipelines.causal_checkpoint import load_causal_lm
+from attnkit.pipelines.encoder import load_pretrained
+
+try:  # the serve extra (FastAPI, uvicorn, sse-starlette): the other commands run without it
+    from attnkit import server
+except ImportError as missing:
+    server, _MISSING = None, missing
 
 API_KEY_VARIABLE = "ATTNKIT_API_KEY"
 
@@ -56,14 +65,8 @@ def warn_if_open(host, api_key):
 
 
 def _serve(args):
-    from attnkit._interrupts import raise_if_pressed, stopped_by_ctrl_c
-    from attnkit.explorer.sources.causal_lm import DEFAULT_NAME, CausalLMSource
-    from attnkit.models.causal_checkpoint import load_causal_lm
-    from attnkit.models.pretrained import load_pretrained
-    try:
-        from attnkit.server import Server, build
-    except ImportError as e:
-        raise CommandError(f"attnkit serve needs its extra: pip install 'attnkit[serve]' ({e})") from None
+    if server is None:
+        raise CommandError(f"attnkit serve needs its extra: pip install 'attnkit[serve]' ({_MISSING})")
 
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
     if api_key is not None and not api_key.strip():
@@ -74,22 +77,22 @@ def _serve(args):
     encoder_name = "all-MiniLM-L6-v2" if args.embedding_model is None else os.path.basename(os.path.abspath(args.embedding_model))
     if encoder_name == lm_name:
         encoder_name += "-embeddings"
-    app, engine, state = build(
+    app, engine, state = server.build(
         lm, lm_name=lm_name, encoder=encoder, encoder_name=encoder_name, explorer=CausalLMSource(lm, lm_name),
         max_batch=args.max_batch, max_queue=args.max_queue, host=args.host, api_key=api_key,
     )
     warn_if_open(args.host, api_key)
     raise_if_pressed()
-    server = Server(app, engine, host=args.host, port=args.port, state=state)
-    _announce(server, args, lm_name, encoder_name)
+    running = server.Server(app, engine, host=args.host, port=args.port, state=state)
+    _announce(running, args, lm_name, encoder_name)
     try:
-        server.serve_and_close()
+        running.serve_and_close()
     except KeyboardInterrupt:
         pass
     except SystemExit:  # uvicorn's answer to a port it cannot bind, after logging why
         pass
     stopped_by_ctrl_c()  # the server's normal end
-    if not server.started:
+    if not running.started:
         raise CommandError(f"cannot serve on {args.host}:{args.port} (in use, or not an address of this machine)")
     print("attnkit serve: stopped", file=sys.stderr, flush=True)
     return 0

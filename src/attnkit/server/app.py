@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from attnkit.explorer.contract import to_json
 from attnkit.explorer.page import render_page
-from attnkit.explorer.sources import BadInput, check_text
+from attnkit.explorer.sources.checks import BadInput, check_text
 from attnkit.server import completions
 from attnkit.server.protocol import (
     ApiError, chat_messages, completion_prompt, embedding_inputs, model_name, parse_json, sampling,
