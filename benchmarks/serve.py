@@ -37,17 +37,19 @@ def run_clients(base_url, model, clients, per_client, max_tokens):
     client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=600)
 
     def one(index):
-        started, first, tokens = time.perf_counter(), None, 0
+        started, first, tokens, pieces = time.perf_counter(), None, None, 0
         stream = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}],
             max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True},
         )
         for chunk in stream:
-            if first is None and chunk.choices and chunk.choices[0].delta.content:
-                first = time.perf_counter() - started
-            if chunk.usage is not None:
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces += 1
+                first = time.perf_counter() - started if first is None else first
+            if getattr(chunk, "usage", None) is not None:
                 tokens = chunk.usage.completion_tokens
-        return tokens, first if first is not None else time.perf_counter() - started
+        # A server that sends no usage (llama-cpp-python's): one streamed piece per token.
+        return tokens if tokens is not None else pieces, first if first is not None else time.perf_counter() - started
 
     def client_loop(c):
         return [one(c * per_client + r) for r in range(per_client)]
@@ -112,7 +114,7 @@ def table(name, rows):
     for n, rate, firsts in rows:
         firsts = sorted(firsts)
         p90 = firsts[min(len(firsts) - 1, int(0.9 * len(firsts)))]
-        lines.append(f"| {name} | {n} | {rate:.1f} | {rate / base:.2f}x | {statistics.median(firsts) * 1000:.0f} | {p90 * 1000:.0f} |")
+        lines.append(f"| {name} | {n} | {rate:.1f} | {rate / base if base else float('nan'):.2f}x | {statistics.median(firsts) * 1000:.0f} | {p90 * 1000:.0f} |")
     return lines
 
 
