@@ -109,11 +109,19 @@ def test_a_bad_repetition_penalty_is_refused_by_name(saved, penalty):
         load_causal_lm(saved).generate_ids([[1, 2]], max_new_tokens=2, repetition_penalty=penalty)
 
 
-def test_the_commands_sampling_options_default_to_the_model():
+def test_the_commands_sampling_options_default_to_the_model(capsys):
+    import types
+
+    greedy, sampling = types.SimpleNamespace(generation_defaults={}), types.SimpleNamespace(generation_defaults={"temperature": 0.7})
     args = build_parser().parse_args(["generate", "hi"])
-    assert "temperature" not in cli_generation._options(args) and "top_k" not in cli_generation._options(args)
+    assert "temperature" not in cli_generation._options(args, sampling) and "top_k" not in cli_generation._options(args, sampling)
+    args = build_parser().parse_args(["generate", "hi", "--top-k", "3"])
+    assert cli_generation._options(args, sampling)["top_k"] == 3 and "temperature" not in cli_generation._options(args, sampling)
+    assert capsys.readouterr().err == ""
     args = build_parser().parse_args(["generate", "hi", "--temperature", "0", "--top-k", "3"])
-    assert cli_generation._options(args)["temperature"] == 0 and cli_generation._options(args)["top_k"] == 3
+    assert cli_generation._options(args, sampling) == dict(max_new_tokens=128, temperature=0)  # greedy: top-k named, dropped (item 108)
+    assert "--top-k has no effect: generation is greedy (--temperature 0)" in capsys.readouterr().err
+    assert "top_k" not in cli_generation._options(build_parser().parse_args(["generate", "hi", "--top-k", "3"]), greedy)
 
 
 @pytest.mark.parametrize("file, text, match", [
