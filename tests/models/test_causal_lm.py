@@ -563,14 +563,14 @@ def test_mixed_bfloat16_int8_predict_differs_from_eager_only_by_the_attention_ke
     they agree bit for bit: no path of the quantized layers depends on autograd (docs/decisions.md item 93)."""
     import keras
 
-    from attnkit import kernels as _fused
+    from attnkit.kernels import torch_attention
 
     keras.utils.set_random_seed(0)
     model = CausalLM(vocab_size=64, n=2, d_model=32, h=4, d_ff=64, num_kv_heads=2, dtype="mixed_bfloat16")
     model.build()
     model.quantize("int8")
     ids = np.random.default_rng(0).integers(0, 64, (4, 16)).astype("int32")
-    monkeypatch.setattr(_fused, "_bmm_takes", lambda *args: False)  # the flash kernel, with or without autograd
+    monkeypatch.setattr(torch_attention, "bmm_takes", lambda *args: False)  # the flash kernel, with or without autograd
     eager = to_numpy(model(ids))
     np.testing.assert_array_equal(model.predict(ids, batch_size=4, verbose=0), eager)
     float_model = CausalLM.from_config({**model.get_config(), "dtype": "float32"})

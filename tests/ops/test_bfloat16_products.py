@@ -12,6 +12,7 @@ import pytest
 from keras import ops
 
 from attnkit import kernels as _fused
+from attnkit.kernels import tensor_checks
 from attnkit.ops import linear, scaled_dot_product_attention
 from backend_utils import BACKEND, to_numpy
 
@@ -147,9 +148,9 @@ def test_bfloat16_products_keep_numpy_shapes_and_values(rng, compiled, operation
 def test_tensorflow_without_bfloat16_kernels_rounds_once(rng, monkeypatch, compiled):
     """As on an AVX2 CPU (docs/decisions.md item 69): the products run in float32 on the exact casts
     and are rounded once, for matmul, einsum and the fused linear alike, eagerly and compiled."""
-    monkeypatch.setattr(_fused, "cpu_has_bfloat16_kernels", lambda: False)
+    monkeypatch.setattr(tensor_checks, "cpu_has_bfloat16_kernels", lambda: False)
     a, b = _bf16(rng.standard_normal((3, 5, 32))), _bf16(rng.standard_normal((3, 32, 7)))
-    assert _fused._tensorflow_bfloat16_as_float32(a, b)
+    assert tensor_checks.tensorflow_bfloat16_as_float32(a, b)
     exact = _float64(a) @ _float64(b)
     fns = [_fused.matmul, lambda a, b: _fused.einsum("bik,bkj->bij", a, b),
            lambda a, b: linear(a, b[0], None)]

@@ -10,7 +10,7 @@ import pytest
 from keras import ops
 
 import reference
-from attnkit import kernels as _fused
+from attnkit.kernels import jax_attention, torch_attention
 from attnkit.kernels import tiled as _tiled
 from attnkit.ops import broadcast_mask, fused_attention, scaled_dot_product_attention
 from backend_utils import BACKEND, to_numpy, value_and_grads
@@ -149,10 +149,10 @@ def test_accelerator_kernel_equals_the_reference(rng, case):
 
     def kernel(q, k, v):
         if BACKEND == "torch":
-            return _fused._torch_accelerator(q, k, v, ops.convert_to_tensor(full_keep), scale)
+            return torch_attention._accelerator_attention(q, k, v, ops.convert_to_tensor(full_keep), scale)
         square_causal = causal and t_q == t_k and not masked  # the kernel's own flag, as fused_attention passes it
         kernel_keep = None if square_causal else full_keep
-        return _fused._jax(q, k, v, None if kernel_keep is None else ops.convert_to_tensor(kernel_keep),
+        return jax_attention.attention(q, k, v, None if kernel_keep is None else ops.convert_to_tensor(kernel_keep),
                            square_causal, scale)
 
     out, grads = grads_of(kernel, (q, k, v))

@@ -11,6 +11,7 @@ import pytest
 
 import attnkit
 from attnkit import kernels as _fused
+from attnkit.kernels import norms
 from backend_utils import BACKEND
 
 pytestmark = pytest.mark.skipif(BACKEND != "tensorflow", reason="tensorflow's graph path")
@@ -60,8 +61,8 @@ def test_eagerly_keras_runs_and_in_a_graph_the_compiled_function(rng, monkeypatc
     x, gamma, beta = _operands(rng)
     assert _fused.tensorflow_layer_norm(tf.constant(x), gamma, beta, EPSILON) is None  # eager: no compilation
     calls = []
-    compiled = _fused._xla_layer_norm()
-    monkeypatch.setattr(_fused, "_xla_layer_norm", lambda: lambda *a: calls.append(a) or compiled(*a))
+    compiled = norms._xla_layer_norm()
+    monkeypatch.setattr(norms, "_xla_layer_norm", lambda: lambda *a: calls.append(a) or compiled(*a))
     layer = attnkit.AddNormalization(epsilon=EPSILON)
     layer.build(x.shape, x.shape)
     eager = layer(x, x).numpy()

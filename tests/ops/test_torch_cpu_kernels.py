@@ -19,6 +19,7 @@ if BACKEND == "torch":
     import torch
 
     from attnkit import kernels as _fused
+    from attnkit.kernels import kept as kept_values, onednn, torch_attention
 
 
 def _float64_linear(x, kernel, bias, activation):
@@ -36,7 +37,7 @@ def on_the_cpu():
 @pytest.fixture
 def onednn_or_not(monkeypatch, request):
     """Runs the test with oneDNN's linear enabled and disabled (`ATTNKIT_ONEDNN=0`'s switch)."""
-    monkeypatch.setattr(_fused, "ONEDNN", request.param)
+    monkeypatch.setattr(onednn, "ONEDNN", request.param)
     return request.param
 
 
@@ -59,16 +60,16 @@ def test_onednn_runs_where_it_should_and_only_there(rng):
     x2, x1 = torch.randn(4, 7), torch.randn(1, 7)
     kernel = torch.randn(7, 3)
     weight = kernel.t()
-    assert _fused._onednn_takes(x2, weight, None) and not _fused._onednn_takes(x1, weight, None)  # one row: GEMV
-    assert _fused._onednn_takes(x1, weight, None, packed=True)  # without the per-call reorder, one row too
-    assert not _fused._onednn_takes(x2.double(), weight.double(), None)  # float64: torch's own
-    assert not _fused._onednn_takes(x2.half(), weight.half(), None)
-    assert not _fused._onednn_takes(x2, torch.randn(7, 6)[:, ::2].t(), None)  # a kernel with gaps
+    assert onednn.takes(x2, weight, None) and not onednn.takes(x1, weight, None)  # one row: GEMV
+    assert onednn.takes(x1, weight, None, packed=True)  # without the per-call reorder, one row too
+    assert not onednn.takes(x2.double(), weight.double(), None)  # float64: torch's own
+    assert not onednn.takes(x2.half(), weight.half(), None)
+    assert not onednn.takes(x2, torch.randn(7, 6)[:, ::2].t(), None)  # a kernel with gaps
     on_meta = torch.empty(7, 3, device="meta").t()  # a device oneDNN's CPU operators cannot read, as a GPU's
-    assert not _fused._onednn_takes(x2, on_meta, None, packed=True)
-    assert not _fused._onednn_takes(x2, weight, torch.empty(3, device="meta"))
+    assert not onednn.takes(x2, on_meta, None, packed=True)
+    assert not onednn.takes(x2, weight, torch.empty(3, device="meta"))
     with torch.backends.mkldnn.flags(enabled=False):  # the user switched oneDNN off
-        assert not _fused._onednn_takes(x2, weight, None)
+        assert not onednn.takes(x2, weight, None)
     kernel.requires_grad_(True)
     y = _fused.torch_linear(x2, kernel, None, "relu")
     assert "OneDNNLinear" in type(y.grad_fn).__name__
@@ -122,8 +123,8 @@ def test_onednn_second_derivatives_equal_torchs(rng):
 @pytest.fixture
 def native_or_not(monkeypatch, request):
     """Runs the test as on a CPU with oneDNN's half-precision kernels and as on one without
-    (`_fused.native_half`); only paths that run on either kind of CPU take this fixture."""
-    monkeypatch.setattr(_fused, "native_half", lambda dtype: request.param)
+    (`onednn.native_half`); only paths that run on either kind of CPU take this fixture."""
+    monkeypatch.setattr(onednn, "native_half", lambda dtype: request.param)
     return request.param
 
 
@@ -147,13 +148,13 @@ def test_half_precision_linear_without_native_kernels_is_float32_arithmetic_roun
     linear) products of ONEDNN_BFLOAT16_MIN_ROWS rows or more run in float32 on the exact casts: the
     float64 result of the rounded inputs, rounded once to the dtype (within one unit of float32's
     order of additions); fewer rows stay in torch's half-precision GEMM."""
-    monkeypatch.setattr(_fused, "native_half", lambda d: False)
+    monkeypatch.setattr(onednn, "native_half", lambda d: False)
     dtype = getattr(torch, dtype)
     x = torch.from_numpy(rng.standard_normal((2, 24, 48)).astype("float32")).to(dtype)  # 48 rows
     kernel = torch.from_numpy((rng.standard_normal((48, 40)) / 6).astype("float32")).to(dtype)
     bias = torch.from_numpy(rng.standard_normal(40).astype("float32")).to(dtype)
-    assert _fused._half_as_float32(x, kernel.t()) and not _fused._onednn_takes(x, kernel.t(), bias)
-    assert not _fused._half_as_float32(x[:1, :8], kernel.t())  # 8 rows: torch's own GEMM
+    assert onednn.half_as_float32(x, kernel.t()) and not onednn.takes(x, kernel.t(), bias)
+    assert not onednn.half_as_float32(x[:1, :8], kernel.t())  # 8 rows: torch's own GEMM
     exact = _float64_linear(*(t.double().numpy() for t in (x, kernel, bias)), activation)
     if activation == "gelu":
         exact = torch.nn.functional.gelu(torch.from_numpy(exact)).numpy()
@@ -172,7 +173,7 @@ def test_half_precision_linear_without_native_kernels_is_float32_arithmetic_roun
             np.testing.assert_allclose(ours.grad.double().numpy(), want.grad.numpy(), rtol=2**-6, atol=2**-5)
     else:
         packed = []
-        monkeypatch.setattr(_fused, "_packed", lambda weight, transposed: packed.append(weight))
+        monkeypatch.setattr(onednn, "packed", lambda weight, transposed: packed.append(weight))
         with torch.no_grad():
             got = _fused.torch_linear(x, kernel, bias, activation)
         assert packed == []  # the per-call float32 casts are not prepacked
@@ -192,17 +193,17 @@ def test_a_tied_vocabulary_projection_in_bfloat16_is_close_to_float64(rng, monke
     if native_or_not and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("oneDNN has no bfloat16 linear on this CPU (AVX2): it would refuse the product")
     weight = torch.from_numpy((rng.standard_normal((50, 24)) / 5).astype("float32")).bfloat16()
-    packed, pack = [], _fused._packed
-    monkeypatch.setattr(_fused, "_packed", lambda w, transposed: packed.append(w) or pack(w, transposed))
+    packed, pack = [], onednn.packed
+    monkeypatch.setattr(onednn, "packed", lambda w, transposed: packed.append(w) or pack(w, transposed))
     for rows in (3, 40):
         x = torch.from_numpy(rng.standard_normal((rows, 24)).astype("float32")).bfloat16()
-        assert _fused._half_as_float32(x, weight) == (rows >= _fused.ONEDNN_BFLOAT16_MIN_ROWS and not native_or_not)
+        assert onednn.half_as_float32(x, weight) == (rows >= onednn.ONEDNN_BFLOAT16_MIN_ROWS and not native_or_not)
         with torch.no_grad():
             got = _fused.times_transposed(x, weight)
         assert got.dtype == torch.bfloat16 and tuple(got.shape) == (rows, 50)
         exact = x.double().numpy() @ weight.double().numpy().T
         np.testing.assert_allclose(got.double().numpy(), exact, rtol=2**-7, atol=2**-7)
-    assert not _fused._half_as_float32(x, weight.t(), torch.zeros(50))  # float32 bias: not cast in silently
+    assert not onednn.half_as_float32(x, weight.t(), torch.zeros(50))  # float32 bias: not cast in silently
     assert all(w is weight for w in packed) and (len(packed) > 0) == native_or_not  # never a per-call cast
 
 
@@ -291,7 +292,7 @@ def test_bfloat16_attention_as_batched_gemms_is_close_to_float64(rng, native_or_
     if case == "4d mask":
         mask = rng.random((2, 3, 6, 6)) < 0.5
         mask[0, 1, 2] = False
-    assert _fused._bmm_takes(q, k, v)
+    assert torch_attention.bmm_takes(q, k, v)
     with torch.no_grad():
         out = fused_attention(q, k, v, mask, causal=causal).float().numpy()
     keep = reference.causal_keep(6, 6) if causal else (np.ones((6, 6), bool) if mask is None else mask)
@@ -311,7 +312,7 @@ def test_bfloat16_attention_propagates_nan_and_steps_aside_under_autograd(rng):
         out = fused_attention(q, k, v).float().numpy()
     assert np.isnan(out[0, 1]).all() and np.isfinite(out[0, 0]).all()  # every query of head 1 reads key 2
     q.requires_grad_(True)
-    assert not _fused._bmm_takes(q, k, v)  # the flash kernel's backward keeps no (T_q, T_k) weights
+    assert not torch_attention.bmm_takes(q, k, v)  # the flash kernel's backward keeps no (T_q, T_k) weights
 
 
 @pytest.mark.parametrize("case", ["decoding step, padded batch", "causal prompt", "per-head mask", "no key"])
@@ -330,7 +331,7 @@ def test_grouped_bfloat16_attention_reads_each_kv_head_once_and_is_close_to_floa
     if case == "no key":
         mask = np.ones((2, 1, T_q, 5), bool)
         mask[0, 0, 3] = False
-    assert _fused._bmm_takes(q, k, v)
+    assert torch_attention.bmm_takes(q, k, v)
     with torch.no_grad():
         out = grouped_query_attention(q, k, v, mask, causal=causal).float().numpy()
     keep = reference.causal_keep(T_q, 5) if causal else (np.ones((T_q, 5), bool) if mask is None else mask)
@@ -354,26 +355,26 @@ def test_grouped_bfloat16_attention_propagates_nan(rng):
 def test_a_kept_row_major_copy_follows_its_kernel(rng):
     kernel = torch.from_numpy(rng.standard_normal((7, 5)).astype("float32")).bfloat16()
     with torch.no_grad():
-        first = _fused._row_major(kernel)
-        assert first.is_contiguous() and torch.equal(first, kernel.t()) and _fused._row_major(kernel) is first
+        first = onednn.row_major(kernel)
+        assert first.is_contiguous() and torch.equal(first, kernel.t()) and onednn.row_major(kernel) is first
         kernel.mul_(-2)  # in place: the version moves
-        second = _fused._row_major(kernel)
+        second = onednn.row_major(kernel)
         assert second is not first and torch.equal(second, kernel.t())
     kernel.requires_grad_(True)
-    graph = _fused._row_major(kernel)  # under autograd: part of the graph, not kept
+    graph = onednn.row_major(kernel)  # under autograd: part of the graph, not kept
     assert graph.requires_grad and graph is not second
-    assert _fused._derived(kernel, "row_major", lambda k: k.t().contiguous()) is None  # nothing kept in a graph
+    assert kept_values.derived(kernel, "row_major", lambda k: k.t().contiguous()) is None  # nothing kept in a graph
     kernel.requires_grad_(False)
-    _fused._row_major(kernel)
-    count = len(_fused._DERIVED)
+    onednn.row_major(kernel)
+    count = len(kept_values._DERIVED)
     del kernel, graph
-    assert len(_fused._DERIVED) == count - 1  # gone with its kernel
+    assert len(kept_values._DERIVED) == count - 1  # gone with its kernel
 
 
 def _onednn_or_skip(dtype):
-    if not (_fused._has_onednn_linear() and torch.backends.mkldnn.is_available()):
+    if not (onednn._has_onednn_linear() and torch.backends.mkldnn.is_available()):
         pytest.skip("this torch has no oneDNN linear")
-    if dtype == torch.bfloat16 and not _fused.native_half(dtype):
+    if dtype == torch.bfloat16 and not onednn.native_half(dtype):
         pytest.skip("this CPU has no oneDNN bfloat16 kernels (AVX2): bfloat16 runs as float32 products")
 
 
@@ -381,7 +382,7 @@ def _kept_kernel(array, dtype):
     """(a Keras variable, a tensor `_kept` derives from it): the kind of kernel a mixed-precision cast
     or a joined [W_q | W_k | W_v] is. Keep the variable alive: the kept value goes with it."""
     variable = keras.Variable(array, dtype=dtype, trainable=False)  # no graph: the copy is kept
-    return variable, _fused._kept([variable], ("a test's copy",), lambda: variable.value.clone())
+    return variable, kept_values.kept_value([variable], ("a test's copy",), lambda: variable.value.clone())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -398,8 +399,8 @@ def test_a_packed_weight_gives_the_plain_weights_products_bit_for_bit(rng, dtype
     bias = torch.from_numpy(rng.standard_normal(40).astype("float32")).to(kernel.dtype)
     with torch.no_grad():
         got = _fused.torch_linear(x, kernel, bias, activation)
-        packed = _fused._packed(kernel, transposed=True)
-        assert packed is not None and packed.is_mkldnn and _fused._packed(kernel, transposed=True) is packed
+        packed = onednn.packed(kernel, transposed=True)
+        assert packed is not None and packed.is_mkldnn and onednn.packed(kernel, transposed=True) is packed
         plain = torch.ops.mkldnn._linear_pointwise(x, kernel.t().contiguous(), bias, activation or "none", [], "none")
     assert got.dtype == kernel.dtype
     rtol, atol = (2**-7, 2**-9) if kernel.dtype == torch.bfloat16 else (1e-5, 1e-6)  # a bf16 ulp; 24 float32 additions
@@ -417,11 +418,11 @@ def test_only_kernels_whose_layouts_were_already_kept_are_packed(rng):
     so a kept copy could go stale), a tensor made per call, an empty kernel."""
     array = rng.standard_normal((6, 5)).astype("float32")
     parameter = torch.nn.Parameter(torch.from_numpy(array), requires_grad=False)
-    assert not _fused._packable(parameter) and _fused._packable(torch.nn.Parameter(parameter.bfloat16(), requires_grad=False))
-    assert not _fused._packable(torch.from_numpy(array))  # made per call
+    assert not kept_values.packable(parameter) and kept_values.packable(torch.nn.Parameter(parameter.bfloat16(), requires_grad=False))
+    assert not kept_values.packable(torch.from_numpy(array))  # made per call
     variable, kept = _kept_kernel(array, "float32")
-    assert _fused._packable(kept)
-    assert _fused._packed(torch.nn.Parameter(torch.zeros(6, 0).bfloat16(), requires_grad=False), transposed=True) is None
+    assert kept_values.packable(kept)
+    assert onednn.packed(torch.nn.Parameter(torch.zeros(6, 0).bfloat16(), requires_grad=False), transposed=True) is None
     x = torch.from_numpy(rng.standard_normal((3, 6)).astype("float32"))
     with torch.no_grad():
         _fused.torch_linear(x, parameter, None)
@@ -440,20 +441,20 @@ def test_a_packed_weight_follows_its_kernel_and_stays_out_of_graphs(rng):
     with torch.no_grad():
         first = _fused.torch_linear(x, kernel, None)
         variable.value.mul_(-2)  # in place: the kept copy, then its packed layout, must be made anew
-        variable, kernel = variable, _fused._kept([variable], ("a test's copy",), lambda: variable.value.clone())
+        variable, kernel = variable, kept_values.kept_value([variable], ("a test's copy",), lambda: variable.value.clone())
         second = _fused.torch_linear(x, kernel, None)
         kernel.mul_(3)  # in place on the kept copy itself: its packed layout must be made anew
         third = _fused.torch_linear(x, kernel, None)
     np.testing.assert_allclose(second.numpy(), -2 * first.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(third.numpy(), -6 * first.numpy(), rtol=1e-5, atol=1e-5)
     kernel.requires_grad_(True)
-    assert _fused._packed(kernel, transposed=True) is None  # a graph reads the kernel itself
+    assert onednn.packed(kernel, transposed=True) is None  # a graph reads the kernel itself
     y = _fused.torch_linear(x, kernel, None)
     y.sum().backward()
     np.testing.assert_allclose(kernel.grad.numpy(), np.repeat(x.numpy().sum(0)[:, None], 5, axis=1), rtol=1e-5)
     with torch.inference_mode():
         made_in_inference = torch.randn(6, 5)
-        assert _fused._packed(made_in_inference, transposed=True) is None  # no version counter to follow
+        assert onednn.packed(made_in_inference, transposed=True) is None  # no version counter to follow
         np.testing.assert_allclose(
             _fused.torch_linear(x, made_in_inference, None).numpy(), x.numpy() @ made_in_inference.numpy(),
             rtol=1e-5, atol=1e-5)
@@ -465,7 +466,7 @@ def test_a_tied_embedding_product_runs_on_its_packed_weight(rng):
     table = torch.nn.Parameter(torch.from_numpy(rng.standard_normal((50, 8)).astype("float32")).bfloat16(), requires_grad=False)
     with torch.no_grad():
         got = _fused.times_transposed(x, table)
-        assert _fused._packed(table, transposed=False) is not None
+        assert onednn.packed(table, transposed=False) is not None
     np.testing.assert_allclose(got.double().numpy(), x.double().numpy() @ table.double().numpy().T, rtol=2**-7, atol=2**-7)
 
 
@@ -473,11 +474,11 @@ def test_a_tied_embedding_product_runs_on_its_packed_weight(rng):
 def test_bfloat16_products_of_few_rows_run_as_torchs_gemm_and_equal_float64(rng, rows):
     x = torch.from_numpy(rng.standard_normal((rows, 24)).astype("float32")).bfloat16()
     kernel = torch.from_numpy((rng.standard_normal((24, 40)) / 4).astype("float32")).bfloat16()
-    many = rows >= _fused.ONEDNN_BFLOAT16_MIN_ROWS
-    native = _fused.native_half(torch.bfloat16)
-    assert _fused._onednn_takes(x, kernel.t(), None) == (many and native)
-    assert _fused._onednn_takes(x, kernel.t(), None, packed=True) == native  # any rows on a packed weight
-    assert _fused._half_as_float32(x, kernel.t()) == (many and not native)
+    many = rows >= onednn.ONEDNN_BFLOAT16_MIN_ROWS
+    native = onednn.native_half(torch.bfloat16)
+    assert onednn.takes(x, kernel.t(), None) == (many and native)
+    assert onednn.takes(x, kernel.t(), None, packed=True) == native  # any rows on a packed weight
+    assert onednn.half_as_float32(x, kernel.t()) == (many and not native)
     with torch.no_grad():
         got = _fused.torch_linear(x, kernel, None).float().numpy()
     exact = x.double().numpy() @ kernel.double().numpy()
@@ -533,7 +534,7 @@ def test_grouped_bfloat16_attention_keeps_its_scores_in_float32():
     q = torch.tensor([1.0, 1.0]).bfloat16().expand(1, 2, 1, 2)  # h = 2
     k = torch.tensor([[100.0, 100.5], [100.0, 100.0]]).bfloat16()[None, None]  # h_kv = 1: scores 200.5, 200
     v = torch.tensor([[1.0], [0.0]]).bfloat16()[None, None]
-    assert _fused._bmm_takes(q, k, v)
+    assert torch_attention.bmm_takes(q, k, v)
     with torch.no_grad():
         out = grouped_query_attention(q, k, v, scale=1.0).float().numpy()
     np.testing.assert_allclose(out, 1 / (1 + np.exp(-0.5)), rtol=2**-7)
@@ -593,7 +594,7 @@ def test_what_is_kept_under_inference_mode_serves_a_later_backward_through_froze
 def one_python_thread(monkeypatch):
     """The whole-sequence path as in a process with no other Python thread: the suite's own browser
     tests leave Playwright's asyncio threads behind, which never run torch."""
-    monkeypatch.setattr(_fused, "_other_python_threads", lambda: 0)
+    monkeypatch.setattr(torch_attention, "_other_python_threads", lambda: 0)
 
 
 def _attention_expected(q, k, v, keep):
@@ -625,11 +626,11 @@ def test_whole_sequences_in_bfloat16_run_in_chunks_close_to_float64(rng, monkeyp
         mask = rng.random((3, h, T, T)) < 0.3
     keep = reference.causal_keep(T, T) if causal else (np.ones((T, T), bool) if mask is None else mask)
     expected, empty = _attention_expected(q, k, v, keep)
-    assert _fused._bmm_takes(q, k, v) and q.shape[1] // k.shape[1] * T > _fused.BMM_MAX_ROWS
+    assert torch_attention.bmm_takes(q, k, v) and q.shape[1] // k.shape[1] * T > torch_attention.BMM_MAX_ROWS
     outputs = []
     group_bytes = (h // h_kv) * T * T * 4  # float32 scores of one key/value head
     for chunk_bytes in (group_bytes, 2 * group_bytes, 2**40):
-        monkeypatch.setattr(_fused, "BMM_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(torch_attention, "BMM_CHUNK_BYTES", chunk_bytes)
         with torch.no_grad():
             outputs.append(grouped_query_attention(q, k, v, mask, causal=causal).float().numpy())
     for out in outputs[1:]:
@@ -647,7 +648,7 @@ def test_bfloat16_batched_gemms_do_not_depend_on_torchs_default_dtype(rng, one_p
     from attnkit.ops import fused_attention
 
     q, k, v = _bf16(rng, (2, 4, T_q, 16), 2.0), _bf16(rng, (2, 4, 40, 16), 2.0), _bf16(rng, (2, 4, 40, 16))
-    assert _fused._bmm_takes(q, k, v)
+    assert torch_attention.bmm_takes(q, k, v)
     with torch.no_grad():
         want = fused_attention(q, k, v).float().numpy()
         previous = torch.get_default_dtype()
@@ -669,7 +670,7 @@ def test_whole_sequence_scores_stay_float32_and_the_matmul_precision_is_restored
     k = torch.tensor([[100.0, 100.5], [100.0, 100.0]]).bfloat16().repeat(T // 2, 1)[None, None]  # scores 200.5, 200
     v = torch.tensor([[1.0], [0.0]]).bfloat16().repeat(T // 2, 1)[None, None]
     before = torch.backends.mkldnn.matmul.fp32_precision
-    assert _fused._bmm_takes(q, k, v)
+    assert torch_attention.bmm_takes(q, k, v)
     with torch.no_grad():
         out = fused_attention(q, k, v, scale=1.0).float().numpy()
     assert torch.backends.mkldnn.matmul.fp32_precision == before
@@ -688,18 +689,18 @@ def test_whole_sequences_keep_the_flash_kernel_beside_other_threads_or_above_the
     other = threading.Thread(target=release.wait)
     other.start()
     try:
-        assert not _fused._bmm_takes(q, k, v) and _fused._bmm_takes(step, k, v)
+        assert not torch_attention.bmm_takes(q, k, v) and torch_attention.bmm_takes(step, k, v)
         with torch.no_grad():
             during = _fused.attention(step, k, v, None, False, 0.5)
     finally:
         release.set()
         other.join()
-    monkeypatch.setattr(_fused, "_other_python_threads", lambda: 0)
+    monkeypatch.setattr(torch_attention, "_other_python_threads", lambda: 0)
     with torch.no_grad():
         np.testing.assert_array_equal(during.float().numpy(), _fused.attention(step, k, v, None, False, 0.5).float().numpy())
-    assert _fused._bmm_takes(q, k, v)
-    monkeypatch.setattr(_fused, "BMM_MAX_SCORES_BYTES", 2 * 2 * 40 * 40 * 4 - 1)
-    assert not _fused._bmm_takes(q, k, v)
+    assert torch_attention.bmm_takes(q, k, v)
+    monkeypatch.setattr(torch_attention, "BMM_MAX_SCORES_BYTES", 2 * 2 * 40 * 40 * 4 - 1)
+    assert not torch_attention.bmm_takes(q, k, v)
 
 
 def test_layers_compile_under_torch_compile(rng):

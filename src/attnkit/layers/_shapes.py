@@ -7,7 +7,7 @@ wrong width would keep that width, and fail every correct call after, deep in a 
 
 import keras
 
-from attnkit.ops.masks import _shape_str
+from attnkit.ops.masks import shape_str
 
 
 def check_model_width(name, shape, d_model):
@@ -15,7 +15,7 @@ def check_model_width(name, shape, d_model):
     shape = tuple(shape)
     if len(shape) != 3 or shape[-1] != d_model:
         raise ValueError(
-            f"`{name}` must have shape (batch, length, d_model={d_model}). Received: {name}.shape={_shape_str(shape)}"
+            f"`{name}` must have shape (batch, length, d_model={d_model}). Received: {name}.shape={shape_str(shape)}"
         )
 
 
@@ -29,7 +29,7 @@ def check_built_width(name, shape, projection):
     if width is not None and shape[-1] is not None and shape[-1] != width:
         raise ValueError(
             f"`{name}` must have {width} features, the width this layer was built for. "
-            f"Received: {name}.shape={_shape_str(shape)}"
+            f"Received: {name}.shape={shape_str(shape)}"
         )
 
 

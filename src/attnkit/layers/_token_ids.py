@@ -17,10 +17,10 @@ import numpy as np
 from keras import ops
 
 from attnkit._validation import ArgumentTypeError, dtype_name
-from attnkit.ops.masks import _shape_str
+from attnkit.ops.masks import shape_str
 
 
-def _concrete_values(x):
+def concrete_values(x):
     """`x` as a NumPy array when its values exist now, else None (traced or symbolic)."""
     backend = keras.backend.backend()
     if backend == "jax":
@@ -140,15 +140,15 @@ def check_token_ids(ids, vocab_size, sequence_length, name):
     shape = tuple(ids.shape)
     if len(shape) != 2:
         raise ValueError(
-            f"`{name}` must have rank 2, (batch, length), of token ids. Received: {name}.shape={_shape_str(shape)}"
+            f"`{name}` must have rank 2, (batch, length), of token ids. Received: {name}.shape={shape_str(shape)}"
         )
     if shape[1] is not None and shape[1] > sequence_length:
         raise ValueError(
             f"`{name}` must be at most sequence_length={sequence_length} tokens long. "
-            f"Received: {name}.shape={_shape_str(shape)}"
+            f"Received: {name}.shape={shape_str(shape)}"
         )
     is_float = "float" in keras.backend.standardize_dtype(ids.dtype)
-    values = _concrete_values(ids)
+    values = concrete_values(ids)
     if values is not None:
         check_values(values, vocab_size, name, is_float)
     elif not isinstance(ids, keras.KerasTensor):

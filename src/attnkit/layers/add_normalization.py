@@ -14,7 +14,7 @@ from attnkit._validation import positive_float
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._sublayer import call_layer_norm
-from attnkit.ops.masks import _shape_str
+from attnkit.ops.masks import shape_str
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -63,7 +63,7 @@ class AddNormalization(CheckedCall, SublayerPolicies, keras.layers.Layer):
         if len(x.shape) != len(sublayer_x.shape) or any(a != b for a, b in known):
             raise ValueError(
                 "`x` and `sublayer_x` must have the same shape to be added. "
-                f"Received: x.shape={_shape_str(x.shape)}, sublayer_x.shape={_shape_str(sublayer_x.shape)}"
+                f"Received: x.shape={shape_str(x.shape)}, sublayer_x.shape={shape_str(sublayer_x.shape)}"
             )
         return call_layer_norm(self.layer_norm, x + sublayer_x)  # (B, T, d_model)
 

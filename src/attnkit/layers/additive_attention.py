@@ -16,7 +16,7 @@ from attnkit.layers._shapes import check_positive_widths
 from attnkit.layers._policies import SublayerPolicies
 from attnkit import kernels
 from attnkit.ops.attention import masked_softmax
-from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
+from attnkit.ops.masks import shape_str, broadcast_mask, combine_masks
 from attnkit.layers.linear import Linear
 
 
@@ -90,18 +90,18 @@ class AdditiveAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
             if len(x.shape) != 3:
                 raise ValueError(
                     f"`{name}` must have rank 3 (rank 2 for a single query step). "
-                    f"Received: {name}.shape={_shape_str(x.shape)}"
+                    f"Received: {name}.shape={shape_str(x.shape)}"
                 )
         batch = {x.shape[0] for x in (query, key, value) if x.shape[0] is not None}
         if len(batch) > 1:
             raise ValueError(
                 "`query`, `key` and `value` must have the same batch size. Received shapes: "
-                f"query={_shape_str(query.shape)}, key={_shape_str(key.shape)}, value={_shape_str(value.shape)}"
+                f"query={shape_str(query.shape)}, key={shape_str(key.shape)}, value={shape_str(value.shape)}"
             )
         if None not in (key.shape[1], value.shape[1]) and key.shape[1] != value.shape[1]:
             raise ValueError(
                 "`key` and `value` must have the same length T_k. Received shapes: "
-                f"key={_shape_str(key.shape)}, value={_shape_str(value.shape)}"
+                f"key={shape_str(key.shape)}, value={shape_str(value.shape)}"
             )
         check_positive_widths({"query": query.shape, "key": key.shape, "value": value.shape})
 

@@ -26,7 +26,7 @@ from attnkit.layers.encoder_layer import key_padding
 from attnkit.layers.feed_forward import FeedForward
 from attnkit.layers.multi_head_attention import MultiHeadAttention
 from attnkit.layers.residual import AttentionSublayer, residual_block
-from attnkit.ops.masks import _shape_str, broadcast_mask
+from attnkit.ops.masks import shape_str, broadcast_mask
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -192,7 +192,7 @@ class DecoderLayer(StackConfig, CheckedCall, SublayerPolicies, keras.layers.Laye
         if None not in (x.shape[0], encoder_output.shape[0]) and x.shape[0] != encoder_output.shape[0]:
             raise ValueError(
                 "`x` and `encoder_output` must have the same batch size. Received shapes: "
-                f"x={_shape_str(x.shape)}, encoder_output={_shape_str(encoder_output.shape)}"
+                f"x={shape_str(x.shape)}, encoder_output={shape_str(encoder_output.shape)}"
             )
 
     def compute_output_shape(self, x_shape, *args, **kwargs):

@@ -70,7 +70,7 @@ class KVCache:
 
     def update(self, layer, k, v, start):
         """Writes k, v (B, h_kv, T, d_k) at slots [start, start + T); returns slots [0, S) of both, S = `attended`."""
-        if kernels._is_torch_tensor(k):
+        if kernels.is_torch_tensor(k):
             # In place: the buffer is written, not copied, every step.
             self.keys[layer][:, :, start : start + k.shape[2]] = k
             self.values[layer][:, :, start : start + k.shape[2]] = v

@@ -20,7 +20,7 @@ from attnkit import kernels
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
 from attnkit.ops.grouped_attention import grouped_query_attention
 from attnkit.ops.linear import linear
-from attnkit.ops.masks import _shape_str, broadcast_mask, combine_masks
+from attnkit.ops.masks import shape_str, broadcast_mask, combine_masks
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -265,18 +265,18 @@ class MultiHeadAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
             if len(shape) != 3:
                 raise ValueError(
                     f"`{name}` must have rank 3, (batch, length, features). "
-                    f"Received: {name}.shape={_shape_str(shape)}"
+                    f"Received: {name}.shape={shape_str(shape)}"
                 )
         batch = {s[0] for s in shapes.values() if s[0] is not None}
         if len(batch) > 1:
             raise ValueError(
                 "`queries`, `keys` and `values` must have the same batch size. Received shapes: "
-                + ", ".join(f"{n}={_shape_str(s)}" for n, s in shapes.items())
+                + ", ".join(f"{n}={shape_str(s)}" for n, s in shapes.items())
             )
         if None not in (keys.shape[1], values.shape[1]) and keys.shape[1] != values.shape[1]:
             raise ValueError(
                 "`keys` and `values` must have the same length T_k. Received shapes: "
-                f"keys={_shape_str(keys.shape)}, values={_shape_str(values.shape)}"
+                f"keys={shape_str(keys.shape)}, values={shape_str(values.shape)}"
             )
         check_positive_widths(shapes)
         for name, projection in (("queries", self.W_q), ("keys", self.W_k), ("values", self.W_v)):

@@ -15,7 +15,7 @@ import keras
 from attnkit._validation import boolean, rate
 from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._sublayer import call_layer_norm, call_sublayer
-from attnkit.ops.masks import _shape_str
+from attnkit.ops.masks import shape_str
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -73,7 +73,7 @@ class Residual(SublayerPolicies, keras.layers.Layer):
         if tuple(out.shape) != tuple(x.shape):
             raise ValueError(
                 "The sub-layer's output must have the shape of its input to be added. "
-                f"Received: x.shape={_shape_str(x.shape)}, sublayer output shape={_shape_str(out.shape)}"
+                f"Received: x.shape={shape_str(x.shape)}, sublayer output shape={shape_str(out.shape)}"
             )
         if self.dropout_rate > 0 and training:
             out = call_sublayer(self.dropout, out, training=training)

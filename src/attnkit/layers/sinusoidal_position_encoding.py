@@ -8,7 +8,7 @@ from keras import ops
 
 from attnkit._validation import positive_int
 from attnkit.layers._call_checks import CheckedCall
-from attnkit.ops.masks import _shape_str
+from attnkit.ops.masks import shape_str
 from attnkit.ops.position_encoding import sinusoidal_position_encoding
 
 
@@ -67,12 +67,12 @@ class SinusoidalPositionEncoding(CheckedCall, keras.layers.Layer):
         if len(shape) != 3 or shape[-1] != self.d_model:
             raise ValueError(
                 f"`inputs` must have shape (batch, length, d_model={self.d_model}). "
-                f"Received: inputs.shape={_shape_str(shape)}"
+                f"Received: inputs.shape={shape_str(shape)}"
             )
         if shape[1] is not None and shape[1] > self.sequence_length:
             raise ValueError(
                 f"`inputs` must be at most sequence_length={self.sequence_length} positions long. "
-                f"Received: inputs.shape={_shape_str(shape)}"
+                f"Received: inputs.shape={shape_str(shape)}"
             )
         positions = self.table(ops.shape(inputs)[1])  # (T, d_model)
         return inputs + ops.cast(positions, inputs.dtype)[None]  # (B, T, d_model)

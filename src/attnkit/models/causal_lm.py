@@ -23,7 +23,7 @@ from attnkit._validation import boolean, optional_positive_int, positive_float, 
 from attnkit.layers._call_checks import CheckedCall
 from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._sublayer import call_sublayer
-from attnkit.layers._token_ids import _concrete_values, check_token_ids
+from attnkit.layers._token_ids import check_token_ids, concrete_values as _concrete_values
 from attnkit.layers.decoder_only_layer import DecoderOnlyLayer
 from attnkit.layers.linear import Linear
 from attnkit.layers.kv_cache import KVCache, keep_mask

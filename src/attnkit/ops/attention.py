@@ -8,7 +8,7 @@ d_k query/key width, d_v value width.
 Two paths give the same numbers (tested):
 - `scaled_dot_product_attention` is explicit (matmul, softmax, matmul) and returns the weights too.
 - `fused_attention` returns the output only and, when attention dropout is inactive, runs the
-  backend's fused kernel (`kernels.py`), whose memory does not grow as T_q * T_k. Where the backend
+  backend's fused kernel (`attnkit.kernels`), whose memory does not grow as T_q * T_k. Where the backend
   has no such kernel (tensorflow; jax on CPU, whose kernel materializes the scores), long sequences
   run tile by tile with an online softmax (`tiled.py`), so that only a few (..., bq, bk) tiles of
   scores are alive at once.
@@ -34,7 +34,7 @@ from attnkit._validation import ArgumentTypeError, boolean, floating, positive_f
 from attnkit import kernels
 from attnkit.kernels import tiled
 from attnkit.kernels.numerics import HALF_DTYPES, constant, scores_dtype
-from attnkit.ops.masks import _shape_str, broadcast_mask
+from attnkit.ops.masks import shape_str, broadcast_mask
 
 DEFAULT_MAX_SCORES_BYTES = 2 * 1024**3
 # Without a memory-efficient kernel, `fused_attention` computes the scores tile by tile (`tiled.py`)
@@ -86,7 +86,7 @@ def check_scores_budget(scores_shape, dtype):
     budget = max_scores_bytes()
     if size > budget:
         raise MemoryError(
-            f"Explicit attention would allocate a scores tensor of shape {_shape_str(scores_shape)} {dtype} "
+            f"Explicit attention would allocate a scores tensor of shape {shape_str(scores_shape)} {dtype} "
             f"= {_bytes_str(size)}, above the budget of {_bytes_str(budget)}. Don't request the "
             "attention weights (use `fused_attention`, or return_attention_weights=False in the layers), whose "
             "memory does not grow as T_q * T_k; or shorten the sequences; or "
@@ -150,28 +150,28 @@ def check_qkv(queries, keys, values):
         if len(shape) < 3:
             raise ValueError(
                 f"`{name}` must have rank >= 3, (batch, ..., length, features). "
-                f"Received: {name}.shape={_shape_str(shape)}"
+                f"Received: {name}.shape={shape_str(shape)}"
             )
     if not (len(q) == len(k) == len(v)):
         raise ValueError(
             "`queries`, `keys` and `values` must have the same rank. Received shapes: "
-            f"queries={_shape_str(q)}, keys={_shape_str(k)}, values={_shape_str(v)}"
+            f"queries={shape_str(q)}, keys={shape_str(k)}, values={shape_str(v)}"
         )
     for a, b, c in zip(q[:-2], k[:-2], v[:-2]):
         if len({d for d in (a, b, c) if d is not None}) > 1:
             raise ValueError(
                 "`queries`, `keys` and `values` must have the same batch dimensions. Received "
-                f"shapes: queries={_shape_str(q)}, keys={_shape_str(k)}, values={_shape_str(v)}"
+                f"shapes: queries={shape_str(q)}, keys={shape_str(k)}, values={shape_str(v)}"
             )
     if None not in (k[-2], v[-2]) and k[-2] != v[-2]:
         raise ValueError(
             "`keys` and `values` must have the same length T_k. Received shapes: "
-            f"keys={_shape_str(k)}, values={_shape_str(v)}"
+            f"keys={shape_str(k)}, values={shape_str(v)}"
         )
     if None not in (q[-1], k[-1]) and q[-1] != k[-1]:
         raise ValueError(
             "`queries` and `keys` must have the same width d_k. Received shapes: "
-            f"queries={_shape_str(q)}, keys={_shape_str(k)}"
+            f"queries={shape_str(q)}, keys={shape_str(k)}"
         )
     check_widths(queries, keys, values)
 
@@ -240,7 +240,8 @@ def _masked_softmax(scores, keep, for_output_only):
     if keep is not None:
         # Masked scores are -inf, so a row whose kept scores are all -inf is NaN (0 / 0), as it is
         # unmasked; a row with no key kept gets the lowest finite score instead, a finite (uniform)
-        # softmax that the mask then zeroes. `kernels._torch_bmm` and `_tiled` give the same numbers.
+        # softmax that the mask then zeroes. torch's batched GEMMs (`kernels.attention`) and `tiled`
+        # give the same numbers.
         has_key = ops.any(keep, axis=-1, keepdims=True)  # (..., T_q|1, 1)
         fill = ops.where(has_key, constant(-np.inf, softmax_dtype), constant(np.finfo(softmax_dtype).min, softmax_dtype))
         scores = ops.where(keep, scores, fill)
@@ -337,7 +338,7 @@ def fused_attention(
     if keras.backend.backend() == "jax":
         # jax's kernels fill masked scores with a large finite number, so a row whose kept scores are
         # all -inf averages the masked values instead of giving NaN: inputs that are not all finite
-        # take the other path, as torch's do (`kernels._finite`).
+        # take the other path, as torch's do (`kernels.all_finite`).
         output = kernels.if_finite((queries, keys, values), output, without_kernel)
     return output
 
@@ -374,7 +375,7 @@ def _scores(queries, keys, scale):
     # float16 scores overflow (max 65504) once |q . k| * scale is large, e.g. inputs of 100 with
     # d_k = 64: compute them in float32, where the softmax runs anyway, as the fused kernels do.
     score_dtype = scores_dtype(keras.backend.standardize_dtype(queries.dtype))
-    if kernels._jax_bfloat16(queries, keys):
+    if kernels.jax_bfloat16(queries, keys):
         # XLA multiplies the bfloat16 factors exactly into float32 products, 2.5x faster than
         # float32 factors; the scale then multiplies the float32 scores.
         scores = kernels.times_keys(queries, keys, float32_products=True)

@@ -76,7 +76,7 @@ def grouped_query_attention(
     options = dict(causal=causal, scale=scale, dropout=dropout, training=training, seed=seed)
     if return_attention_weights:
         return scaled_dot_product_attention(queries, repeat_kv(keys, groups), repeat_kv(values, groups), mask, **options)
-    if groups > 1 and kernels._is_torch_tensor(queries) and not (dropout > 0 and training):
+    if groups > 1 and kernels.is_torch_tensor(queries) and not (dropout > 0 and training):
         output = _torch_gqa(queries, keys, values, mask, causal, scale)
         if output is not None:
             return output
@@ -84,12 +84,9 @@ def grouped_query_attention(
 
 
 def _torch_gqa(queries, keys, values, mask, causal, scale):
-    """torch's SDPA with `enable_gqa=True` (K/V not repeated), or None where the repeating path must run:
-    for non-finite inputs, which torch's kernels turn into zeros on some rows (docs/decisions.md item
-    21), and off the CPU with a mask, where the memory-efficient kernel averages the values on rows
-    with nothing to attend to (`_fused`); the repeating path repairs both."""
-    import torch.nn.functional as F
-
+    """torch's attention kernel on the shared heads in place (`kernels.attention(..., grouped=True)`),
+    or None where the repeating path must run: non-finite inputs, and off the CPU with a mask
+    (docs/decisions.md item 21); the repeating path repairs both."""
     scores_shape = (*queries.shape[:-1], keys.shape[-2])
     scale = default_scale(queries, scale)
     q_len, k_len = queries.shape[-2], keys.shape[-2]
@@ -97,14 +94,4 @@ def _torch_gqa(queries, keys, values, mask, causal, scale):
         keep, fused_causal = None, True
     else:
         keep, fused_causal = keep_mask(mask, causal, scores_shape, (q_len, k_len)), False
-    if kernels._bmm_takes(queries, keys, values):
-        # bfloat16 on the CPU: the explicit path's arithmetic, in which NaN and Inf propagate.
-        return kernels._torch_bmm(queries, keys, values, keep, fused_causal, scale)
-    if not kernels._finite(queries, keys, values):
-        return None
-    if keep is not None and queries.device.type != "cpu":
-        return None
-    # torch's CPU kernels give zero output on rows with nothing to attend to (docs/decisions.md item 14).
-    return F.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=keep, is_causal=fused_causal, scale=scale, enable_gqa=True
-    )
+    return kernels.attention(queries, keys, values, keep, fused_causal, scale, grouped=True)

@@ -50,7 +50,7 @@ def linear(x, kernel, bias=None, activation=None):
     # arrays: the bias and the activation apply to the float32 products, rounded once at the end, as
     # the fused kernels of torch and tensorflow do (docs/decisions.md item 64).
     operands = (x, kernel) if bias is None else (x, kernel, bias)
-    accumulated = kernels._jax_bfloat16(*(kernels._tensor(v) for v in operands))  # else keras' promotion
+    accumulated = kernels.jax_bfloat16(*(kernels.value_of(v) for v in operands))  # else keras' promotion
     y = kernels.matmul(x, kernel, float32_products=accumulated)  # (..., d_out)
     if bias is not None:
         y = ops.add(y, ops.cast(bias, "float32") if accumulated else bias)

@@ -149,7 +149,7 @@ def from_key_padding_mask(key_padding_mask):
     return _from_inverted(key_padding_mask, "key_padding_mask")
 
 
-def _shape_str(shape):
+def shape_str(shape):
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
 
 
@@ -197,8 +197,8 @@ def broadcast_mask(mask, scores_shape, name="mask", query_length=None):
 
     def fail(reason=""):
         raise ValueError(
-            f"`{name}` of shape {_shape_str(shape)} does not broadcast to the attention scores of "
-            f"shape {_shape_str(scores_shape)} (..., T_q, T_k){reason}. Accepted: (T_k,), (B, T_k), "
+            f"`{name}` of shape {shape_str(shape)} does not broadcast to the attention scores of "
+            f"shape {shape_str(scores_shape)} (..., T_q, T_k){reason}. Accepted: (T_k,), (B, T_k), "
             f"(T_q, T_k), (B, T_q, T_k), (B, h, T_q, T_k), any dimension may be 1."
         )
 
@@ -221,7 +221,7 @@ def broadcast_mask(mask, scores_shape, name="mask", query_length=None):
             return mask
         if is_batch and is_query:
             raise ValueError(
-                f"`{name}` of shape {_shape_str(shape)} is ambiguous: the batch size and the query "
+                f"`{name}` of shape {shape_str(shape)} is ambiguous: the batch size and the query "
                 f"length are both {d0}. Pass a padding mask as (B, 1, T_k) (e.g. mask[:, None, :]) "
                 f"or a per-query mask as (1, T_q, T_k) (e.g. mask[None]); for look-ahead use causal=True."
             )
