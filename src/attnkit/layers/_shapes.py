@@ -39,7 +39,7 @@ def check_positive_widths(shapes):
     hold the layer to it."""
     for name, shape in shapes.items():
         if shape is not None and len(shape) and shape[-1] == 0:
-            raise ValueError(f"`{name}` must have at least one feature. Received: {name}.shape={_shape_str(shape)}")
+            raise ValueError(f"`{name}` must have at least one feature. Received: {name}.shape={shape_str(shape)}")
 
 
 def weights_spec(layer, batch, q_len, k_len):

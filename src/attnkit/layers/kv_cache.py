@@ -106,7 +106,7 @@ class KVCache:
     def merge_rows(self, view, start):
         """Takes the step `view` (from `rows(start, ...)`) ran: its length and, off torch, its buffers."""
         self.length = view.length
-        if not kernels._is_torch_tensor(self.keys[0]):
+        if not kernels.is_torch_tensor(self.keys[0]):
             self.keys = [_written(b, k, start, 0) for b, k in zip(self.keys, view.keys)]
             self.values = [_written(b, v, start, 0) for b, v in zip(self.values, view.values)]
 
@@ -179,7 +179,7 @@ class KVCache:
 def _written(buffer, part, row, slot):
     """`buffer` (B, h, S, d) with `part` (b, h, s, d) written at rows [row, row + b), slots [slot, slot + s):
     in place on torch, a new array elsewhere."""
-    if kernels._is_torch_tensor(buffer):
+    if kernels.is_torch_tensor(buffer):
         buffer[row : row + part.shape[0], :, slot : slot + part.shape[2]] = part
         return buffer
     return ops.slice_update(buffer, (row, 0, slot, 0), ops.cast(part, buffer.dtype))

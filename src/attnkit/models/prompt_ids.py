@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 
 from attnkit.layers._token_ids import check_values
-from attnkit.ops.masks import _shape_str
+from attnkit.ops.masks import shape_str
 
 
 def _as_array(ids, name):
@@ -45,7 +45,7 @@ def check_prompt(ids, vocab_size, name="prompt"):
     """
     array = _as_array(ids, name)
     if array.ndim != 1:
-        raise ValueError(f"`{name}` must be a flat list of token ids. Received: {name} of shape {_shape_str(array.shape)}")
+        raise ValueError(f"`{name}` must be a flat list of token ids. Received: {name} of shape {shape_str(array.shape)}")
     if array.size == 0:
         raise ValueError(f"`{name}` must hold at least one token id. Received: {name}=[] (an empty prompt)")
     check_values(array, vocab_size, name, array.dtype.kind == "f")
@@ -65,7 +65,7 @@ def check_prompts(prompts, vocab_size, name="prompts"):
     if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__") or isinstance(prompts, dict):
         raise TypeError(f"`{name}` must be a list of token-id lists. Received: {name} of type {type(prompts).__name__}")
     if isinstance(prompts, np.ndarray) and prompts.ndim != 2:
-        raise ValueError(f"`{name}` must be a list of token-id lists, (B, T). Received: {name} of shape {_shape_str(prompts.shape)}")
+        raise ValueError(f"`{name}` must be a list of token-id lists, (B, T). Received: {name} of shape {shape_str(prompts.shape)}")
     rows = list(prompts)
     if rows and all(isinstance(t, numbers.Number) for t in rows):
         raise TypeError(f"`{name}` must be a list of token-id lists; for one prompt, give [ids]. Received: {name}={rows[:8]!r}")

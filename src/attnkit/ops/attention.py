@@ -184,7 +184,7 @@ def check_widths(queries, keys, values):
         if shape and shape[-1] == 0:
             raise ValueError(
                 f"`{name}` must have a positive width {width} (its last dimension). "
-                f"Received: {name}.shape={_shape_str(shape)}"
+                f"Received: {name}.shape={shape_str(shape)}"
             )
 
 
