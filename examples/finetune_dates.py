@@ -52,7 +52,7 @@ def exact_match(lm, pairs, batch=50):
 
 
 def run(n_train=2000, n_eval=500, epochs=1, batch_size=16, rank=16, alpha=32, learning_rate=2e-3, targets="q,k,v,o,gate,up,down",
-        model=None, output_dir=None, seed=0, log=print):
+        model=None, output_dir=None, seed=0, max_length=128, log=print):
     """Fine-tunes and scores; returns {"before", "after", "train_seconds", ...}."""
     train, held_out = split(n_train, n_eval, seed)
     work = output_dir or tempfile.mkdtemp(prefix="attnkit-dates-")
@@ -65,7 +65,7 @@ def run(n_train=2000, n_eval=500, epochs=1, batch_size=16, rank=16, alpha=32, le
     log(f"before: exact match {before:.1%} on {n_eval} held-out dates")
     started = time.perf_counter()
     history = finetune(data, out, model=model, epochs=epochs, batch_size=batch_size, lora_rank=rank, lora_alpha=alpha,
-                       learning_rate=learning_rate, lora_targets=targets, seed=seed, max_length=128, log=log)
+                       learning_rate=learning_rate, lora_targets=targets, seed=seed, max_length=max_length, log=log)
     seconds = time.perf_counter() - started
     after = exact_match(load_causal_lm(out), held_out)
     log(f"after:  exact match {after:.1%} on {n_eval} held-out dates; training {seconds / 60:.1f} min "
