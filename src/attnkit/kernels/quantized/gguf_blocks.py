@@ -16,7 +16,8 @@ The scale and offset are computed with gguf's own float32 operations in its orde
 4-bit values of a group of 32 are stored in 16 bytes, element i in the low nibble of byte i and
 element i + 16 in its high nibble (Q4_0's and Q4_1's own order; Q4_K's 64-element chunks are
 reordered into it). Scales are kept in float32, not GGUF's float16 (Q4_K's and Q6_K's products d * sc
-are not float16 numbers): 4.5 bits per weight for Q4_0, 6 for Q4_1 / Q4_K, 9 for Q8_0, 10 for Q6_K.
+are not float16 numbers): 5 bits per weight for Q4_0, 6 for Q4_1 / Q4_K, 9 for Q8_0, 10 for Q6_K
+(GGUF: 4.5, 5, 4.5, 8.5, 6.56).
 
 Legend: N rows (outputs), K columns (inputs), G = K / group groups per row.
 """
