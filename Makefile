@@ -39,6 +39,7 @@ bench: install-dev
 	$(PY) benchmarks/lm_generation.py
 	$(PY) benchmarks/serve.py
 	$(PY) benchmarks/finetune.py
+	$(PY) benchmarks/quantized.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

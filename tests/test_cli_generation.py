@@ -48,6 +48,22 @@ def test_chat_reads_piped_stdin(model_dir, capsys, monkeypatch):
     assert len(capsys.readouterr().out.splitlines()) >= 2  # two replies (a reply may itself hold a newline)
 
 
+def test_dtype_option_loads_the_weights_quantized(model_dir, capsys, monkeypatch):
+    from attnkit.cli import generation
+
+    loaded = []
+    load = generation.load_causal_lm
+    monkeypatch.setattr(generation, "load_causal_lm", lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
+    greedy = ["generate", "hello", "--model", model_dir, "--max-new-tokens", "4"]
+    assert main(greedy + ["--dtype", "int8"]) == 0
+    assert loaded[-1].model.decoder_layers[0].attention.W_q.quantization_mode == "int8"
+    assert main(greedy + ["--dtype", "gguf"]) == 1  # a directory: one line, naming the option's value
+    assert main(greedy + ["--dtype", "int2"]) == 2
+    err = capsys.readouterr().err
+    assert "attnkit: error: `dtype='gguf'` keeps a GGUF file's quantized blocks" in err and "invalid choice: 'int2'" in err
+    assert "Traceback" not in err
+
+
 def test_bad_options_are_one_line(model_dir, capsys):
     assert main(["generate", "x", "--top-p", "1.5"]) == 2
     assert main(["generate", "x", "--model", "/no/such/model"]) == 1

@@ -14,7 +14,7 @@ import sys
 from attnkit._interrupts import ctrl_c_stops_a_step, pressed, stopped_by_ctrl_c
 from attnkit._messages import terminal_text
 from attnkit.cli.errors import CommandError, positive_int, seed, utf8_text
-from attnkit.pipelines.causal_checkpoint import load_causal_lm
+from attnkit.pipelines.causal_checkpoint import DTYPES, load_causal_lm
 
 
 def _non_negative_float(text):
@@ -37,7 +37,7 @@ def _probability(text):
 def _load(args, chat=None):
     """The language model of --model, refused before any input is read when it lacks the tokenizer,
     or the chat template that `chat` names (the command that needs it)."""
-    lm = load_causal_lm(args.model)
+    lm = load_causal_lm(args.model, dtype=args.dtype)
     require_tokenizer(lm)
     if chat and not lm.chat_template:
         raise ValueError(f"{_template_sources(lm.path)}; {chat}")
@@ -148,6 +148,9 @@ def _add_options(parser):
                         help="sample within probability mass p (default: the model's generation_config.json)")
     parser.add_argument("--seed", type=seed, default=None, help="seed of the sampling (reproducible output)")
     parser.add_argument("--model", metavar="PATH", help="a GGUF file or a llama / mistral / qwen2 directory (default SmolLM2)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="what the weights are held in: float32 (default), bfloat16, float16, int8 or int4 "
+                             "(weight-only), gguf (a GGUF file's blocks kept packed)")
 
 
 def add_commands(commands):

@@ -12,6 +12,7 @@ import warnings
 
 import keras
 
+from attnkit.kernels.quantized import block_linear
 from attnkit.ops.linear import linear
 
 # Dense's activation functions that `linear` applies itself (gelu: Keras's default is the exact form).
@@ -35,6 +36,15 @@ class Linear(keras.layers.Dense):
         if fused != "other":
             return linear(inputs, self.kernel, self.bias, activation=fused)
         return self.activation(linear(inputs, self.kernel, self.bias))
+
+    def quantized_call(self, inputs, training=None):
+        # GGUF blocks kept packed (`attnkit.layers.block_quantized.keep_blocks`, docs/decisions.md item 127)
+        if getattr(self, "block_format", None) is None:
+            return super().quantized_call(inputs, training=training)
+        offset = None if self.block_offset is None else self.block_offset.value
+        bias = None if self.bias is None else self.bias.value
+        y = block_linear(inputs, self.block_values.value, self.block_scale.value, offset, bias, **self.block_format)
+        return self.activation(y)
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Dense refuses its subclasses, whose `call` may differ; Keras routes a quantized layer to

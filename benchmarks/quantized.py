@@ -1,0 +1,204 @@
+"""Batch-1 and batch-8 decoding of SmolLM2 per weight dtype, against the memory-bandwidth ceiling and
+llama.cpp / CTranslate2 when they are installed (`make bench`; issue 41, docs/decisions.md item 129).
+
+    python benchmarks/quantized.py [--quick] [--backend torch] [--dtype float32 gguf ...] [--threads 2]
+
+Rows: decode tokens/s, prefill tokens/s and time to the first token per dtype ("gguf": the file's
+blocks kept packed; "int8" / "int4": Keras's weight-only quantization) and batch. The ceiling of a
+decoding step is the bandwidth (torch.mv over 256 MB of float32, measured in this run) over the bytes of
+the model's weights, all read once a step: tokens/s <= batch x bandwidth / bytes. Each row gives its
+fraction of it. llama.cpp (`llama_cpp`, same GGUF file) and CTranslate2 (int8, from the file
+dequantized through transformers) rows are anchors, skipped when absent. --quick: a tiny random
+model, to check the script runs.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+DTYPES = ("float32", "bfloat16", "int8", "int4", "gguf")
+
+
+def bandwidth(threads, megabytes=256, repeats=10):
+    """Bytes/s torch.mv reads (a float32 matrix of `megabytes` times a vector): the machine's
+    achievable memory bandwidth for a batch-1 step."""
+    import torch
+
+    torch.set_num_threads(threads)
+    n = int((megabytes * 2**20 / 4) ** 0.5)
+    a, x = torch.randn(n, n), torch.randn(n)
+    torch.mv(a, x)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mv(a, x)
+        times.append(time.perf_counter() - t)
+    return a.numel() * 4 / sorted(times)[len(times) // 2]
+
+
+def bfloat16_products():
+    """Whether the CPU has bfloat16 dot products (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def tiny_gguf(path):
+    """A 2-layer Q8_0 llama GGUF with a byte-level vocabulary (the --quick model)."""
+    import gguf
+    import numpy as np
+
+    from attnkit.checkpoints.formats.gguf import bytes_to_unicode
+
+    rng, d = np.random.default_rng(0), 64
+    writer = gguf.GGUFWriter(path, "llama")
+    for name, value in dict(block_count=2, context_length=64, embedding_length=d, feed_forward_length=d,
+                            head_count=4, head_count_kv=2, rope_freq_base=10000.0, layer_norm_rms_eps=1e-5).items():
+        getattr(writer, f"add_{name}")(value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(list(bytes_to_unicode().values()))
+    writer.add_token_merges([])
+    writer.add_tensor("token_embd.weight", rng.standard_normal((256, d)).astype("float32"))
+    writer.add_tensor("output_norm.weight", np.ones(d, "float32"))
+    for i in range(2):
+        for role, rows in (("attn_q", d), ("attn_k", d // 2), ("attn_v", d // 2), ("attn_output", d),
+                           ("ffn_gate", d), ("ffn_up", d), ("ffn_down", d)):
+            w = (rng.standard_normal((rows, d)) / 8).astype("float32")
+            writer.add_tensor(f"blk.{i}.{role}.weight", gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(d, "float32"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def timed(generate, prompts, new, rounds):
+    """(time to first token, seconds a decoding step) of `generate(prompts, n)`, medians."""
+    firsts, steps = [], []
+    generate(prompts, 2)  # warm-up: compiled programs, caches
+    for _ in range(rounds):
+        t = time.perf_counter()
+        generate(prompts, 1)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        generate(prompts, new)
+        whole = time.perf_counter() - t
+        firsts.append(first)
+        steps.append(max(whole - first, 1e-9) / (new - 1))
+    return sorted(firsts)[rounds // 2], sorted(steps)[rounds // 2]
+
+
+def llama_cpp_generate(path, threads):
+    """llama.cpp's greedy generation of `n` tokens for each prompt (one at a time: batch 1 each), or None."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_ctx=512, verbose=False)
+
+    def generate(prompts, n):
+        for prompt in prompts:
+            llm.reset()
+            for i, _ in enumerate(llm.generate(prompt, temp=0.0, reset=True)):
+                if i + 1 >= n:
+                    break
+
+    return generate
+
+
+def ctranslate2_generate(path, threads):
+    """CTranslate2 int8 greedy generation from the GGUF file dequantized through transformers, or None."""
+    try:
+        import ctranslate2
+        import transformers
+    except ImportError:
+        return None
+    directory, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    ctranslate2.converters.TransformersConverter(directory).convert(out, quantization="int8", force=True)
+    generator = ctranslate2.Generator(out, device="cpu", intra_threads=threads, compute_type="int8")
+
+    def generate(prompts, n):
+        tokens = [[str(t) for t in tokenizer.convert_ids_to_tokens(p)] for p in prompts]
+        generator.generate_batch(tokens, max_length=n, min_length=n, sampling_topk=1, include_prompt_in_result=False)
+
+    return generate
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny random model and sizes (smoke test)")
+    parser.add_argument("--backend", default="torch", choices=["torch", "jax", "tensorflow"])
+    parser.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument("--batch", nargs="+", type=int, help="batch sizes (default 1 8)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--new", type=int, default=32, help="new tokens a generation")
+    args = parser.parse_args()
+    os.environ["KERAS_BACKEND"] = args.backend
+    import numpy as np
+    import torch
+    from peak import cpu_description
+    from timing import markdown_table
+
+    from attnkit.layers.block_quantized import packed_bytes
+    from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
+
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        prompt_len, new, batches, rounds = 8, 4, (1, 2), 1
+        path = tiny_gguf(os.path.join(tempfile.mkdtemp(), "tiny.gguf"))
+    else:
+        prompt_len, new, batches, rounds = 128, args.new, (1, 8), args.rounds
+        path = default_causal_lm_path()
+    batches = tuple(args.batch or batches)
+    bytes_per_second = bandwidth(args.threads, 16 if args.quick else 256)
+    rows = []
+
+    def row(engine, dtype, batch, weight_bytes, first, step):
+        ceiling = batch * bytes_per_second / weight_bytes if weight_bytes else float("nan")
+        rows.append([engine, dtype, batch, f"{batch / step:.1f}", f"{batch * prompt_len / first:.0f}", f"{first * 1e3:.0f} ms",
+                     f"{weight_bytes / 1e6:.1f} MB" if weight_bytes else "-", f"{batch / step / ceiling:.0%}" if weight_bytes else "-"])
+
+    for dtype in args.dtype:
+        lm = load_causal_lm(path, dtype=dtype)
+        for batch in batches:
+            prompts = np.random.default_rng(0).integers(3, lm.model.vocab_size, (batch, prompt_len)).tolist()
+            first, step = timed(lambda p, n: lm.generate_ids(p, max_new_tokens=n, stop_tokens=[]), prompts, new, rounds)
+            row(f"attnkit {args.backend}", dtype, batch, packed_bytes(lm.model), first, step)
+        del lm
+    file_bytes = os.path.getsize(path)
+    for engine, dtype, make in (("llama.cpp", "file's blocks", llama_cpp_generate), ("CTranslate2", "int8", ctranslate2_generate)):
+        try:
+            generate = make(path, args.threads)
+        except Exception as error:  # an anchor that fails to load is reported, not fatal
+            print(f"{engine}: skipped ({type(error).__name__}: {error})")
+            continue
+        if generate is None:
+            print(f"{engine}: not installed, skipped")
+            continue
+        prompts = np.random.default_rng(0).integers(3, 250, (1, prompt_len)).tolist()
+        first, step = timed(generate, prompts, new, rounds)  # batch 1 (llama.cpp's API decodes one sequence)
+        row(engine, dtype, 1, file_bytes if engine == "llama.cpp" else 0, first, step)
+    print(f"{cpu_description()}; {args.threads} threads; load average {os.getloadavg()[0]:.1f}; "
+          f"torch.mv bandwidth {bytes_per_second / 1e9:.1f} GB/s; bfloat16 products: "
+          f"{'yes' if bfloat16_products() else 'no (bfloat16 runs as float32 products)'}")
+    print(markdown_table(["engine", "dtype", "batch", "decode tok/s", "prefill tok/s", "first token", "weights",
+                          "decode / ceiling"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""x W^T + b with W held as `BlockWeights` (integer values, per-group scales and offsets), dequantized
+inside the product (docs/decisions.md item 126).
+
+    W[n, g*group + i] = scale[n, g] * (q[n, g*group + i] - zero) + offset[n, g]
+    y = x W^T + b
+
+Every backend runs the same two steps, dequantize then one float GEMM: on jax and tensorflow a
+compiled call (`CausalLM._compiled_call`) gives XLA / Grappler both as one program, which fuses the
+dequantization into the product's operand; on torch, eagerly, the dequantized W is a temporary of
+the call (the model keeps only the packed values). torch's own weight-only kernels were measured and
+not used: on this project's CPU (AVX2, no AVX-512) `_weight_int4pack_mm_for_cpu` took 15x and
+`_weight_int8pack_mm` 7x a float32 `linear` of the same shape at batch 1, and the int8 one rounds
+the activations (errors of 2e-3 where float32 gives 1e-6).
+
+Exactness: W is gguf's float32 dequantization bit for bit (the integer values are exact in float32,
+and scale and offset are applied in gguf's order); y differs from a float64 x W^T only by float32
+accumulation, |y - y_64| <= 1e-5 * (|x| |W|^T) + 1e-6 (tests/kernels/test_quantized_blocks.py). In
+bfloat16 the dequantized W is rounded to bfloat16 once, then multiplied in float32: the bound is
+that of bfloat16 weights, 2^-8 relative.
+
+Legend: N outputs, K inputs, G = K / group groups, B... leading axes of x.
+"""
+
+import keras
+from keras import ops
+
+
+def dequantize(values, scale, offset, *, bits, zero, group, shape, dtype="float32"):
+    """W (N, K) in `dtype` from packed tensors (see `BlockWeights`; any backend's tensors).
+
+    Args:
+        values: uint8 (N, K / 2) when bits == 4, else int8 (N, K).
+        scale: float32 (N, G).
+        offset: float32 (N, G) or None.
+        bits, zero, group, shape: as in `BlockWeights`.
+        dtype: the result's dtype (the float32 dequantization, rounded once).
+    """
+    n, k = shape
+    if bits == 4:
+        v = ops.reshape(values, (n, k // 32, 16))  # (N, G, 16): element i low, i + 16 high
+        q = ops.concatenate([ops.bitwise_and(v, 15), ops.right_shift(v, 4)], axis=-1)  # (N, G, 32) uint8
+    else:
+        q = ops.reshape(values, (n, k // group, group))  # (N, G, group) int8
+    q = ops.cast(q, "float32")  # small integers: exact
+    if zero:
+        q = ops.subtract(q, float(zero))
+    w = ops.multiply(ops.expand_dims(scale, -1), q)  # (N, G, group)
+    if offset is not None:
+        w = ops.add(w, ops.expand_dims(offset, -1))
+    w = ops.reshape(w, (n, k))
+    return w if dtype == "float32" else ops.cast(w, dtype)
+
+
+def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shape):
+    """x (..., K) W^T + bias (N,) -> (..., N) in x's dtype, W dequantized inside the call.
+
+    float32 x: float32 products. bfloat16 x: W rounded to bfloat16 (the weights a bfloat16 model
+    holds), the products accumulated in float32 by the backend's own bfloat16 GEMM."""
+    dtype = ops.dtype(x) if hasattr(x, "dtype") else "float32"
+    dtype = dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
+    w = dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape, dtype=dtype)  # (N, K)
+    if keras.backend.backend() == "torch" and ops.is_tensor(x):
+        import torch
+
+        # one GEMM with the bias added inside it, on W's transposed view (no copy)
+        b = None if bias is None else bias.to(w.dtype)
+        return torch.nn.functional.linear(x.to(w.dtype), w, b)
+    y = ops.matmul(ops.cast(x, dtype), ops.transpose(w))  # (..., N)
+    return y if bias is None else ops.add(y, ops.cast(bias, dtype))

@@ -1,0 +1,63 @@
+"""`keep_blocks`: a built `Linear` whose kernel is replaced by GGUF blocks kept packed
+(docs/decisions.md item 127).
+
+The layer's float kernel variable is dropped (as Keras's own `quantize` drops it) and three
+non-trainable variables take its place: `block_values` (uint8 nibbles or int8), `block_scale` and,
+for types with a minimum, `block_offset` (float32, one per group). The layer's dtype policy becomes
+Keras's "int8_from_<dtype>" or "int4_from_<dtype>" policy, so everything that treats quantized layers
+apart (Keras's `__call__` routes them to `quantized_call`; attnkit's side-by-side projections, the
+plain torch decoding step and `call_sublayer` leave them to the layer) does so; `Linear.quantized_call`
+then runs `attnkit.kernels.quantized.block_linear` on the packed variables.
+
+Legend: N = units (outputs), K inputs.
+"""
+
+import keras
+import numpy as np
+
+from attnkit.kernels.quantized import BlockWeights
+
+
+def keep_blocks(dense, weights):
+    """Replaces built `dense`'s (K, N) kernel by `weights` (`BlockWeights` of shape (N, K)), in place.
+
+    Raises:
+        ValueError: `dense` not built, already quantized, with LoRA, or of another shape.
+    """
+    if not isinstance(weights, BlockWeights):
+        raise TypeError(f"`weights` must be BlockWeights. Received: {type(weights).__name__}")
+    if not dense.built or dense.quantization_mode is not None or dense.lora_enabled:
+        raise ValueError(f"`{dense.name}` must be a built, float Linear without LoRA to keep blocks in it")
+    n, k = weights.shape
+    if tuple(dense.kernel.shape) != (k, n):
+        raise ValueError(
+            f"Blocks of shape (N, K)={weights.shape} do not fit `{dense.name}`'s kernel (K, N)={tuple(dense.kernel.shape)}"
+        )
+    source = dense.dtype_policy.name if dense.dtype_policy.quantization_mode is None else "float32"
+    dense._tracker.unlock()
+    try:
+        # `del dense._kernel` as Keras's `quantize` does, without the gc.collect() Keras's __delattr__
+        # runs each time (1 s a layer: 4 minutes for a 135M model's 210 projections)
+        dense._untrack_variable(dense._kernel)
+        super(keras.layers.Layer, dense).__delattr__("_kernel")
+        dense.block_values = _constant(dense, "block_values", weights.values)
+        dense.block_scale = _constant(dense, "block_scale", weights.scale)
+        dense.block_offset = None if weights.offset is None else _constant(dense, "block_offset", weights.offset)
+    finally:
+        dense._tracker.lock()
+    dense.block_format = dict(bits=weights.bits, zero=weights.zero, group=weights.group, shape=tuple(weights.shape))
+    dense.block_type = weights.type_name
+    dense._is_quantized = True  # the policy below must not make Keras quantize the layer again
+    dense.dtype_policy = keras.dtype_policies.get(f"{'int4' if weights.bits == 4 else 'int8'}_from_{source}")
+
+
+def _constant(layer, name, array):
+    array = np.ascontiguousarray(array)
+    variable = layer.add_weight(name=name, shape=array.shape, dtype=str(array.dtype), initializer="zeros", trainable=False)
+    variable.assign(array)
+    return variable
+
+
+def packed_bytes(model):
+    """Bytes of all of `model`'s variables (packed blocks counted as stored)."""
+    return sum(int(np.prod(v.shape)) * (2 if v.dtype == "bfloat16" else np.dtype(v.dtype).itemsize) for v in model.variables)
