@@ -307,7 +307,8 @@ def _tokenizer_class(settings, config, data, files):
     declared = settings.get("tokenizer_class") or config.get("tokenizer_class")
     name = declared.removesuffix("Fast") if isinstance(declared, str) else None
     model_type = config.get("model_type")
-    own = families.family_of(config, files[1]).tokenizer_classes.get(model_type)
+    family = families.family_named(model_type)  # an unknown model_type is the model's to refuse, not the tokenizer's
+    own = family.tokenizer_classes.get(model_type) if family else None
     if own not in (None, "TokenizersBackend", "Qwen2Tokenizer"):
         raise ValueError(
             f"{files[1]}: transformers rebuilds {os.path.basename(files[0])} as {own} for model_type {model_type!r} "
