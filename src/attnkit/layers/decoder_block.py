@@ -18,7 +18,7 @@ Legend: B batch, T new tokens, S keys so far (cache), h / h_kv heads, d_k per-he
 from attnkit.layers._sublayer import call_sublayer
 from attnkit.layers.multi_head_attention import SIDE_BY_SIDE, projection_path
 from attnkit.layers.swiglu import gated
-from attnkit import kernels as _fused
+from attnkit import kernels
 from attnkit.ops.rotary import apply_rotary
 
 
@@ -74,8 +74,8 @@ class LayerParts:
             return attention._project_together(normed, projections)
         h_kv, d_k = self.layer.num_kv_heads, self.layer.d_k
         q = attention.project_queries(normed)  # (B, h, T, d_k)
-        k = _fused.split_heads(call_sublayer(attention.W_k, normed), h_kv, d_k)  # (B, h_kv, T, d_k)
-        v = _fused.split_heads(call_sublayer(attention.W_v, normed), h_kv, d_k)  # (B, h_kv, T, d_k)
+        k = kernels.split_heads(call_sublayer(attention.W_k, normed), h_kv, d_k)  # (B, h_kv, T, d_k)
+        v = kernels.split_heads(call_sublayer(attention.W_v, normed), h_kv, d_k)  # (B, h_kv, T, d_k)
         return q, k, v
 
     rotate = staticmethod(apply_rotary)

@@ -15,7 +15,7 @@ from keras import ops
 
 from attnkit._validation import positive_float
 from attnkit.layers._call_checks import CheckedCall
-from attnkit import kernels as _fused
+from attnkit import kernels
 from attnkit.kernels.numerics import constant, scores_dtype
 
 
@@ -60,7 +60,7 @@ class RMSNorm(CheckedCall, keras.layers.Layer):
                 f"`x` must have last dimension {self.gamma.shape[0]}, the built width. Received: x.shape={tuple(x.shape)}"
             )
         gamma = norm_scale(self)  # (d_model,)
-        fused = _fused.rms_norm(x, gamma, self.epsilon)
+        fused = kernels.rms_norm(x, gamma, self.epsilon)
         if fused is not None:
             return fused
         dtype = keras.backend.standardize_dtype(x.dtype)

@@ -5,8 +5,8 @@ eagerly, and there a SmolLM2 decoding step made ~400 sub-layer calls, ~270 varia
 scope checks and ~1900 Keras global-state look-ups: more Python time than transformers' whole step
 (docs/performance.md). This module runs the same block definition as `DecoderOnlyLayer`
 (`decoder_block`) through another seam, `TorchParts`: the layers' variables read once as torch
-tensors and computed with the functions the layers call (`_fused.rms_norm`, `_fused.concat_last`,
-`_fused.torch_linear`, `grouped_query_attention` / `fused_attention`), so its logits and cache equal
+tensors and computed with the functions the layers call (`kernels.rms_norm`, `kernels.concat_last`,
+`kernels.torch_linear`, `grouped_query_attention` / `fused_attention`), so its logits and cache equal
 the layers' bit for bit (tests/models/test_causal_lm.py) and a family's maths lives in one place.
 
 It runs only where the layers' own calls would add nothing: every layer plain (not quantized, no
@@ -25,7 +25,7 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope  # no pu
 from attnkit.layers._policies import own_policy
 from attnkit.layers.decoder_block import decoder_block
 from attnkit.layers.rms_norm import norm_scale
-from attnkit import kernels as _fused
+from attnkit import kernels
 from attnkit.ops.attention import fused_attention
 from attnkit.ops.grouped_attention import grouped_query_attention
 
@@ -43,11 +43,11 @@ def forward(model, token_ids, cos, sin, keeps, causals, cache, start, last_only)
         x = decoder_block(x, parts, cos, sin, cache, i, start)
     if last_only:
         x = x[:, -1:]  # (B, 1, d_model)
-    x = _fused.rms_norm(x, plan.final_norm.scale(), model.epsilon)
+    x = kernels.rms_norm(x, plan.final_norm.scale(), model.epsilon)
     if plan.lm_head is None:
-        logits = _fused.times_transposed(x, plan.embeddings)  # (B, T, V)
+        logits = kernels.times_transposed(x, plan.embeddings)  # (B, T, V)
     else:
-        logits = _fused.torch_linear(x, *plan.lm_head)
+        logits = kernels.torch_linear(x, *plan.lm_head)
     return keras.ops.cast(logits, "float32")
 
 
@@ -74,34 +74,34 @@ class TorchParts:
         return x + sublayer(self.norm(name, x))  # x + Sublayer(Norm(x)): `Residual`, norm first, no dropout
 
     def norm(self, name, x):
-        return _fused.rms_norm(x, self.norms[name].scale(), self.epsilon)
+        return kernels.rms_norm(x, self.norms[name].scale(), self.epsilon)
 
     def project_qkv(self, normed):
         # [W_q | W_k | W_v] side by side, kept by `concat_last` as the layer's own call keeps it.
-        qkv = _fused.torch_linear(normed, _fused.concat_last(self.W_qkv, self.dtype), _joined_bias(self.W_qkv_bias, self.dtype))
-        q, k, v = _fused.split_last(qkv, self.qkv_widths)  # (B, T, h * d_k), (B, T, h_kv * d_k) twice
+        qkv = kernels.torch_linear(normed, kernels.concat_last(self.W_qkv, self.dtype), _joined_bias(self.W_qkv_bias, self.dtype))
+        q, k, v = kernels.split_last(qkv, self.qkv_widths)  # (B, T, h * d_k), (B, T, h_kv * d_k) twice
         # (B, h, T, d_k), (B, h_kv, T, d_k) twice
-        return _fused.split_heads(q, self.h, self.d_k), _fused.split_heads(k, self.h_kv, self.d_k), _fused.split_heads(v, self.h_kv, self.d_k)
+        return kernels.split_heads(q, self.h, self.d_k), kernels.split_heads(k, self.h_kv, self.d_k), kernels.split_heads(v, self.h_kv, self.d_k)
 
     # `apply_rotary`'s torch kernel without its checks: cos and sin are cast to x's dtype once per call
-    rotate = staticmethod(_fused.rotate)
+    rotate = staticmethod(kernels.rotate)
 
     def attend(self, normed, q, k, v):
         heads = self.attend_heads(q, k, v, self.keep, causal=self.causal, dropout=self.dropout, training=False, seed=self.seed)
-        return _fused.torch_linear(_fused.merge_heads(heads), *self.W_o)  # (B, T, d_model)
+        return kernels.torch_linear(kernels.merge_heads(heads), *self.W_o)  # (B, T, d_model)
 
     def project_gate_up(self, normed):
-        gate_up = _fused.torch_linear(
-            normed, _fused.concat_last(self.W_gate_up, self.dtype), _joined_bias(self.W_gate_up_bias, self.dtype)
+        gate_up = kernels.torch_linear(
+            normed, kernels.concat_last(self.W_gate_up, self.dtype), _joined_bias(self.W_gate_up_bias, self.dtype)
         )
-        return _fused.split_last(gate_up, self.gate_up_widths)  # (B, T, d_ff) each
+        return kernels.split_last(gate_up, self.gate_up_widths)  # (B, T, d_ff) each
 
     def project_down(self, y):
-        return _fused.torch_linear(y, *self.W_down)
+        return kernels.torch_linear(y, *self.W_down)
 
 
 class _Norm:
-    """An RMSNorm's scale for `_fused.rms_norm`: its gamma tensor, kept; with an offset (Gemma), the
+    """An RMSNorm's scale for `kernels.rms_norm`: its gamma tensor, kept; with an offset (Gemma), the
     layer's own `norm_scale` each call, as its call computes it."""
 
     def __init__(self, plan, norm):
@@ -113,7 +113,7 @@ class _Norm:
 
 def _joined_bias(biases, dtype):
     """The kept side-by-side bias of joined projections, or None where they have none."""
-    return None if biases is None else _fused.concat_last(biases, dtype)
+    return None if biases is None else kernels.concat_last(biases, dtype)
 
 
 def _plan(model):
@@ -143,7 +143,7 @@ class _Plan:
         self.variables = []
         self.plain = all(
             policy.quantization_mode is None and policy.compute_dtype == policy.variable_dtype
-            and policy.compute_dtype in ("float32", "bfloat16", "float16")  # those `_fused.rms_norm` takes
+            and policy.compute_dtype in ("float32", "bfloat16", "float16")  # those `kernels.rms_norm` takes
             for policy in self.policies
         ) and not any(self.lora)
         if not self.plain:

@@ -31,7 +31,7 @@ from attnkit.layers.position_embedding import embedding_table
 from attnkit.layers.rms_norm import RMSNorm, check_norm_offset
 from attnkit.layers.swiglu import gate_activation
 from attnkit.models import _torch_decoding
-from attnkit import kernels as _fused
+from attnkit import kernels
 from attnkit.ops.masks import check_mask_dtype
 from attnkit.ops.rotary import check_rope_scaling, rotary_cos_sin
 
@@ -260,7 +260,7 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
             x = x[:, -1:]  # (B, 1, d_model)
         x = call_sublayer(self.final_norm, x)
         if self.lm_head is None:
-            logits = _fused.times_transposed(x, embedding_table(self.embedding, x.dtype))  # (B, T, V)
+            logits = kernels.times_transposed(x, embedding_table(self.embedding, x.dtype))  # (B, T, V)
         else:
             logits = call_sublayer(self.lm_head, x)
         return ops.cast(logits, "float32"), weights
