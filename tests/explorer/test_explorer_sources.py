@@ -19,9 +19,11 @@ def parsed(data):
 
 
 def assert_within_rounding(kind, expected, data):
+    """The contract's rounding bound, plus float32's: `expected` comes from a second float32 run of the
+    model (another call, another batch shape), whose weights can differ from the page's by ~1e-7."""
     got = weights_array(kind)
     assert got.shape == np.shape(expected)
-    assert np.abs(got - np.asarray(expected, np.float64)).max() <= data["max_error"] + 1e-12
+    assert np.abs(got - np.asarray(expected, np.float64)).max() <= data["max_error"] + 1e-6
 
 
 def test_minilm_weights_equal_pretrained_encoder_attentions(minilm_source):

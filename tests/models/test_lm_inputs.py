@@ -198,6 +198,29 @@ def test_pieces_join_to_the_decoded_tokens_whatever_they_are(lm, tokens):
     assert not any(piece.endswith("\ufffd") for piece in shown)
 
 
+@given(text=st.text(alphabet="ab\n é€", max_size=10), stops=st.lists(st.text(alphabet="ab\n é", min_size=1, max_size=3), max_size=3))
+@settings(max_examples=80, deadline=None)
+def test_pieces_end_before_the_first_stop_string_and_never_show_part_of_one(lm, text, stops):
+    """Byte tokens of any text: the pieces end just before the earliest stop string (the OpenAI rule),
+    even one spread over several tokens, and no piece shows characters a stop string then takes back."""
+    tokens = [byte_id(b) for b in text.encode()]
+    pieces = TextPieces(lm.decode, stops)
+    shown = ""
+    for t in tokens:
+        shown += pieces.add(t)
+        if pieces.stopped:
+            break
+    shown += pieces.finish()
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    assert shown == text[:cut]
+    assert pieces.stopped == (cut < len(text))
+
+
+def test_stop_strings_must_be_non_empty_strings():
+    with pytest.raises(ValueError, match=r"`stop` must be non-empty strings. Received: stop=\['x', ''\]"):
+        TextPieces(str, ["x", ""])
+
+
 def test_the_stream_joins_to_the_generated_text_at_the_last_token_and_at_a_stop(lm):
     """Sampled from nearly uniform logits, generations often end inside a character: the stream
     released nothing of it before (one character less than `generate`)."""

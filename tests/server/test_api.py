@@ -6,6 +6,7 @@ import base64
 import concurrent.futures
 import http.client
 import json
+import socket
 import threading
 import time
 
@@ -200,6 +201,23 @@ def test_a_client_gone_mid_stream_stops_its_generation(served):
     response = connection.getresponse()
     assert response.status == 200 and response.read1(4096).startswith(b"data: ")
     connection.sock.close()  # the client goes away
+    connection.close()
+    deadline = time.monotonic() + 30
+    while engine.busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.busy() == 0 and engine.steps - steps < 1000  # stopped long before its 2000 tokens
+
+
+def test_a_client_gone_before_a_whole_answer_stops_its_generation(served):
+    """Not streamed: the handler has nothing to write until the end, so it watches the connection."""
+    port, engine = served[0].port, served[1]
+    steps = engine.steps
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", "/v1/completions", body=json.dumps(
+        {"model": "tiny", "prompt": "go", "max_tokens": 2000, "temperature": 0}))
+    while engine.busy() == 0:
+        time.sleep(0.01)
+    connection.sock.shutdown(socket.SHUT_RDWR)  # the client goes away without reading
     connection.close()
     deadline = time.monotonic() + 30
     while engine.busy() and time.monotonic() < deadline:

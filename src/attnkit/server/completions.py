@@ -1,9 +1,10 @@
 """POST /v1/chat/completions and /v1/completions: a request's tokens through the engine, answered as
 one JSON object or streamed as server-sent events ending in `data: [DONE]`, as the OpenAI API does.
 
-A streaming client that goes away cancels its generation: sse-starlette cancels the event generator
-when the connection closes, and its `finally` marks the request, which the engine drops before its
-next step (docs/decisions.md item 115).
+A client that goes away cancels its generation: sse-starlette cancels a stream's event generator when
+the connection closes; a non-streaming handler checks the connection whenever no event came for
+`DISCONNECT_CHECK_S`. Either way a `finally` marks the request, which the engine drops before its next
+step (docs/decisions.md item 115).
 """
 
 import asyncio
@@ -12,11 +13,13 @@ import secrets
 import time
 
 from sse_starlette.sse import EventSourceResponse
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from attnkit.server.engine import Closed, QueueFull
 from attnkit.server.protocol import ApiError, bad
 from attnkit.server.request import Generation
+
+DISCONNECT_CHECK_S = 0.25
 
 
 def limits(state, prompt_ids, options, prompt_field):
@@ -61,21 +64,40 @@ async def generate(request, state, prompt_ids, options, *, chat, name, prompt_fi
     if options["stream"]:
         return EventSourceResponse(_stream(generation, events, head, chat, options["include_usage"]), ping=15, sep="\n")
     try:
-        text, event = [], None
-        while True:
-            event = await events.get()
-            if event.error:
-                raise ApiError(500, event.error, None, "model_error", "server_error")
-            text.append(event.piece)
-            if event.finish:
-                break
+        received = await _whole_answer(request, events)
     finally:
         generation.cancelled = not generation.done  # a handler cancelled before the end: free the row
-    text = "".join(text)
+    if received is None:
+        return Response(status_code=499)  # nobody reads it: the client closed the connection
+    event = received[-1]
+    if event.error:
+        raise ApiError(500, event.error, None, "model_error", "server_error")
+    text = "".join(e.piece for e in received)
     choice = {"index": 0, "finish_reason": event.finish, "logprobs": None}
     choice.update({"message": {"role": "assistant", "content": text, "refusal": None}} if chat else {"text": text})
     body = {**head, "object": "chat.completion" if chat else "text_completion", "choices": [choice], "usage": _usage(event)}
     return JSONResponse(body)
+
+
+async def _whole_answer(request, events):
+    """The events of one generation up to its last, or None once the client has closed its connection
+    (checked every DISCONNECT_CHECK_S, whether or not tokens keep coming)."""
+    received, checked = [], time.monotonic()
+    getter = asyncio.ensure_future(events.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_CHECK_S)
+            if done:
+                received.append(getter.result())
+                if received[-1].finish or received[-1].error:
+                    return received
+                getter = asyncio.ensure_future(events.get())
+            if time.monotonic() - checked >= DISCONNECT_CHECK_S:
+                if await request.is_disconnected():
+                    return None
+                checked = time.monotonic()
+    finally:
+        getter.cancel()  # no-op once done; a pending get takes no event when cancelled
 
 
 def _usage(event):

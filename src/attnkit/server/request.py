@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from attnkit.models.generation import choose, penalize_repetition
-from attnkit.server.text import TextStream
+from attnkit.pipelines.text_stream import TextPieces
 
 
 @dataclasses.dataclass
@@ -47,7 +47,7 @@ class Generation:
         self.stop_ids = set(stop_ids)
         self.temperature, self.top_k, self.top_p, self.penalty = temperature, top_k, top_p, repetition_penalty
         self.rng = np.random.default_rng(seed) if temperature > 0 else None
-        self.text = TextStream(decode, stop)
+        self.text = TextPieces(decode, stop)
         self.tokens = []
         self.last = None  # the token the next step feeds
         self.done = False
@@ -73,16 +73,16 @@ class Generation:
         self.last = token
         if token in self.stop_ids:
             return self.finish("stop")
-        piece, stopped = self.text.push(token)
+        piece = self.text.add(token)
         if piece:
             self.emit(Event(piece=piece))
-        if stopped:
-            return self.finish("stop", flush=False)  # the text ends before the stop string
+        if self.text.stopped:
+            return self.finish("stop")  # the text ends before the stop string
         if len(self.tokens) >= self.max_tokens:
             return self.finish("length")
 
-    def finish(self, reason, flush=True):
-        piece = self.text.flush() if flush else ""  # the tail held back for a stop string that did not come
+    def finish(self, reason):
+        piece = self.text.finish()  # the tail held back for a stop string that did not come ("" after one)
         self.done = True
         self.emit(Event(piece=piece, finish=reason, prompt_tokens=len(self.prompt), completion_tokens=len(self.tokens)))
 
