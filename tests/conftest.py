@@ -14,6 +14,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 if "--xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
 
+# pytest-xdist runs N workers side by side (`make test`: 2 on 2 cores): each worker's backend takes
+# its share of the cores, not all of them, so that N thread pools do not spin against each other on
+# the same cores. Set before the backends start their pools; subprocesses inherit it; a value the
+# user set is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _threads = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ.setdefault(_name, _threads)
+
 import numpy as np
 import pytest
 

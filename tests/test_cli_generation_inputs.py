@@ -23,6 +23,12 @@ from attnkit.cli import main  # noqa: E402
 from attnkit._messages import terminal_text  # noqa: E402
 from attnkit.pipelines.causal_checkpoint import load_causal_lm  # noqa: E402
 
+from backend_utils import once_per_run  # noqa: E402
+
+# What the commands print and how Ctrl-C ends a reply do not depend on the backend (generation is
+# tested per backend in tests/models).
+pytestmark = once_per_run
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

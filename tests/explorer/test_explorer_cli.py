@@ -15,6 +15,12 @@ from attnkit.explorer import server as server_module
 from attnkit.explorer import sources
 from attnkit.explorer.contract import to_json
 
+from backend_utils import once_per_run  # noqa: E402
+
+# The command's files, start, stop and one-line errors do not depend on the backend (the weights it
+# shows are tested per backend in test_explorer_sources.py).
+pytestmark = once_per_run
+
 
 def one_line_error(capsys):
     err = capsys.readouterr().err.strip()

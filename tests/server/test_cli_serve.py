@@ -16,6 +16,12 @@ pytest.importorskip("fastapi", reason="the server's stack (attnkit[serve])")
 from attnkit.cli.serve import warn_if_open  # noqa: E402
 from test_api import raw  # noqa: E402
 
+from backend_utils import once_per_run  # noqa: E402
+
+# The process's URL, SIGTERM handling and exit do not depend on the backend (the API is tested per
+# backend in test_api.py).
+pytestmark = once_per_run
+
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 
