@@ -47,9 +47,10 @@ class TextPieces:
             self.text, self.stopped = text[: min(found)], True
             return self._upto(len(self.text))
         self.text = text
-        safe = len(text) - self.hold
-        while safe > self.shown and text[safe - 1] == "\ufffd":
-            safe -= 1  # an incomplete UTF-8 character: wait for its next byte
+        whole = len(text)
+        while whole > self.shown and text[whole - 1] == "\ufffd":
+            whole -= 1  # an incomplete UTF-8 character: wait for its next byte
+        safe = max(whole - self.hold, self.shown)  # held: whole characters (the incomplete one may end a stop string)
         # What was shown stands: a longer list's text starts with a shorter list's up to its last whole
         # character (byte-level decoding, tested by hypothesis; Metaspace / ByteFallback + Fuse + Strip
         # strip only the first token's space).
