@@ -227,6 +227,8 @@ def stopped_text(text, stops):
 def test_stop_strings_must_be_non_empty_strings():
     with pytest.raises(ValueError, match=r"`stop` must be non-empty strings. Received: stop=\['x', ''\]"):
         TextPieces(str, ["x", ""])
+    with pytest.raises(TypeError, match=r"`stop` must be a list of strings, not one string. Received: stop='User:'"):
+        TextPieces(str, "User:")  # not five one-character stop strings
 
 
 def test_the_stream_joins_to_the_generated_text_at_the_last_token_and_at_a_stop(lm):

@@ -30,7 +30,9 @@ class TextPieces:
     """
 
     def __init__(self, decode, stop=()):
-        self.decode, self.stop = decode, [s for s in stop]
+        if isinstance(stop, str):
+            raise TypeError(f"`stop` must be a list of strings, not one string. Received: stop={stop!r}")
+        self.decode, self.stop = decode, list(stop)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"`stop` must be non-empty strings. Received: stop={self.stop!r}")
         self.hold = max((len(s) for s in self.stop), default=1) - 1  # characters a stop string may still claim
