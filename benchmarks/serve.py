@@ -88,7 +88,9 @@ def llama_cpp_rows(gguf, clients_list, per_client, max_tokens):
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--port", str(port), "--n_ctx", "2048",
-         "--model_alias", "m", "--n_threads", str(os.cpu_count())],
+         "--model_alias", "m", "--n_threads", str(os.cpu_count()),
+         # Its default cuts a running stream short when another request arrives: every answer whole.
+         "--interrupt_requests", "False"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
