@@ -51,7 +51,7 @@ def exact_match(lm, pairs, batch=50):
     return right / len(pairs)
 
 
-def run(n_train=2000, n_eval=500, epochs=1, batch_size=16, rank=16, alpha=32, learning_rate=2e-3, targets="q,k,v,o,gate,up,down",
+def run(n_train=1200, n_eval=500, epochs=1, batch_size=16, rank=16, alpha=32, learning_rate=2e-3, targets="q,k,v,o,gate,up,down",
         model=None, output_dir=None, seed=0, max_length=128, log=print):
     """Fine-tunes and scores; returns {"before", "after", "train_seconds", ...}."""
     train, held_out = split(n_train, n_eval, seed)
@@ -75,7 +75,7 @@ def run(n_train=2000, n_eval=500, epochs=1, batch_size=16, rank=16, alpha=32, le
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train", type=int, default=2000)
+    parser.add_argument("--train", type=int, default=1200)
     parser.add_argument("--eval", type=int, default=500)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=16)

@@ -24,7 +24,7 @@ import pytest
 
 from attnkit.distributed import launcher
 from attnkit.dates import training
-from attnkit.cli.train_processes import parse_coordinator, worker_arguments
+from attnkit.cli.processes import parse_coordinator, worker_arguments
 from attnkit.dates.translator import DateTranslator, TrainConfig
 from backend_utils import XLA_FAST_COMPILE
 

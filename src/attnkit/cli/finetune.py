@@ -7,8 +7,13 @@ the result handed to transformers and PEFT (attnkit.finetune; docs/decisions.md 
 """
 
 import argparse
+import os
 
-from attnkit.cli.errors import non_negative_int, positive_int, seed
+import keras
+
+from attnkit.cli import processes
+from attnkit.cli.errors import CommandError, non_negative_int, positive_int, seed
+from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, StepWatchdog
 from attnkit.finetune import export, finetune
 
 
@@ -23,12 +28,51 @@ def _positive_float(text):
 
 
 def _finetune(args):
-    history = finetune(
-        args.data, args.output_dir, eval_file=args.eval, model=args.model, lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha, lora_targets=args.lora_targets, epochs=args.epochs, learning_rate=args.learning_rate,
-        batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, resume=args.resume, full=args.full,
-        save_every=args.save_every,
+    if args.processes or args.coordinator or args.process_id is not None:
+        return _finetune_processes(args)
+    return _report(args, finetune(**_settings(args)))
+
+
+def _settings(args):
+    return dict(
+        train_file=args.data, output_dir=args.output_dir, eval_file=args.eval, model=args.model,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets, epochs=args.epochs,
+        learning_rate=args.learning_rate, batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
+        resume=args.resume, full=args.full, save_every=args.save_every,
     )
+
+
+def _finetune_processes(args):
+    """--processes N: N local workers; with --coordinator and --process-id: one worker of a run over
+    several machines. Every process trains on its share of each batch (docs/decisions.md item 133)."""
+    backend = keras.backend.backend()
+    if backend != "torch":
+        raise CommandError(f"finetune --processes runs on the torch backend (torch.distributed); this is {backend}. "
+                           f"Set KERAS_BACKEND=torch, or fine-tune in one process")
+    args.processes = args.processes or 1
+    if args.batch_size % args.processes:
+        raise CommandError(f"--batch-size must be a multiple of --processes ({args.processes}) so that every process "
+                           f"gets an equal share. Received: batch_size={args.batch_size}")
+    processes.check_coordinator(args)
+    if args.process_id is None:  # the launcher: what every worker would refuse, refused once, before any starts
+        if not args.resume and os.path.isdir(args.output_dir) and os.listdir(args.output_dir):
+            raise FileExistsError(f"--output-dir {os.path.abspath(args.output_dir)} already holds files; choose an empty "
+                                  f"directory, or pass --resume to continue its run")
+        return processes.launch(args, args.parser, "finetune", backend)
+    rank, world = args.process_id, args.processes
+    engine = processes.join(args, backend)
+    log = print if rank == 0 else (lambda line: None)
+    log(f"engine: {engine.name}; world size {world} (processes); per-process batch {args.batch_size // world}, "
+        f"global batch {args.batch_size}")
+    watchdog = StepWatchdog(f"worker {rank} of {world}", args.timeout, max(FIRST_STEP_SECONDS, args.timeout))
+    try:
+        history = finetune(**_settings(args), engine=engine, callbacks=[watchdog], log=log)
+    finally:
+        engine.close()
+    return _report(args, history) if rank == 0 else 0
+
+
+def _report(args, history):
     last = history[-1] if history else {}
     summary = f"loss {last['loss']:.4f}" if "loss" in last else ""
     if "eval_loss" in last:
@@ -62,4 +106,8 @@ def add_commands(commands):
     p.add_argument("--save-every", type=non_negative_int, default=0, help="checkpoint every N steps too (default: each epoch's end)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its checkpoint")
     p.add_argument("--full", action="store_true", help="train every weight instead of LoRA")
-    p.set_defaults(run=_finetune)
+    p.add_argument("--processes", type=positive_int, help="train data-parallel in N processes, torch (--batch-size stays the global batch)")
+    p.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address; with --process-id: run one worker of a multi-machine job")
+    p.add_argument("--process-id", type=non_negative_int, help="this worker's index, 0 .. N-1 (with --coordinator and --processes)")
+    p.add_argument("--timeout", type=positive_int, default=60, help="seconds to wait for the other processes, and for one step (default 60)")
+    p.set_defaults(run=_finetune, parser=p)

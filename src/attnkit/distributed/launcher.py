@@ -1,4 +1,4 @@
-"""`attnkit train --processes N`: N worker processes on 127.0.0.1, each started with the flags a user
+"""`attnkit train --processes N` (and `finetune`): N worker processes on 127.0.0.1, each started with the flags a user
 would give it on its own machine (`--coordinator 127.0.0.1:PORT --process-id I --processes N`).
 
 The launcher checks the ports before it starts anything, passes worker 0's output through, keeps the
@@ -107,13 +107,14 @@ def end_with_launcher():
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def launch(worker_arguments, processes, port):
-    """Runs `processes` workers, `python -m attnkit.cli train *worker_arguments --coordinator ... --process-id I`.
+def launch(worker_arguments, processes, port, subcommand="train"):
+    """Runs `processes` workers, `python -m attnkit.cli SUBCOMMAND *worker_arguments --coordinator ... --process-id I`.
 
     Args:
-        worker_arguments: the train command's own options, the same for every worker.
+        worker_arguments: the command's own options, the same for every worker.
         processes: N.
         port: the coordinator's port on 127.0.0.1 (its ports must have been checked).
+        subcommand: `train` or `finetune`.
 
     Returns:
         0 when every worker succeeded.
@@ -126,7 +127,7 @@ def launch(worker_arguments, processes, port):
         for rank in range(processes):
             log = tempfile.TemporaryFile(mode="w+", prefix=f"attnkit-worker-{rank}-")
             command = [
-                sys.executable, "-m", "attnkit.cli", "train", *worker_arguments,
+                sys.executable, "-m", "attnkit.cli", subcommand, *worker_arguments,
                 "--coordinator", f"{LOCALHOST}:{port}", "--process-id", str(rank), "--processes", str(processes),
             ]
             workers.append(subprocess.Popen(

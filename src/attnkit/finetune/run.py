@@ -16,6 +16,7 @@ import keras
 
 from attnkit._atomic_save import replace_files
 from attnkit._validation import positive_float, positive_int
+from attnkit.distributed.engines import SingleEngine
 from attnkit.finetune import checkpoint, data, lora, training
 from attnkit.finetune.hf_directory import MODEL_FILES, write_model_directory
 from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
@@ -25,10 +26,15 @@ ADAPTER, ADAPTER_FILES, SUMMARY = "adapter", ("adapter_config.json", "adapter_mo
 
 def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8, lora_alpha=16,
              lora_targets="q,k,v,o,gate,up,down", epochs=1, learning_rate=2e-4, batch_size=8, max_length=512, seed=0,
-             resume=False, full=False, save_every=0, dtype="float32", weight_decay=0.0, on_step=None, log=print):
+             resume=False, full=False, save_every=0, dtype="float32", weight_decay=0.0, on_step=None, engine=None,
+             callbacks=(), log=print):
     """Fine-tunes `model` (a GGUF file or a Hugging Face directory; default SmolLM2-135M-Instruct) on
     `train_file` and writes `output_dir` (module docstring). Returns the history [{epoch, loss,
     eval_loss, perplexity, seconds}].
+
+    With `engine` (one process of a multi-process run, attnkit.distributed.engines), this process trains
+    on its share of every batch (`training.share`), the engine averages the gradients, and only
+    process 0 writes `output_dir`; `batch_size` stays the global batch.
 
     Raises:
         ValueError: a bad line of the data (file, line, field), bad settings, an output directory that
@@ -44,13 +50,15 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
         weight_decay=float(weight_decay), save_every=int(save_every), backend=keras.backend.backend(),
     )
     output_dir = os.path.abspath(output_dir)
+    engine = engine if engine is not None else SingleEngine()
+    engine.local_batch(settings["batch_size"])  # a batch split evenly, or a ValueError naming --processes
     state = {"epoch": 0, "step": 0}
     if resume:
         saved, state = checkpoint.read_progress(output_dir)
         checkpoint.check_settings(output_dir, saved, settings)
         if state["epoch"] >= settings["epochs"]:
             raise ValueError(f"--resume: {output_dir} has already trained {state['epoch']} epochs; ask for more with --epochs")
-    elif os.path.isdir(output_dir) and os.listdir(output_dir):
+    elif engine.rank == 0 and os.path.isdir(output_dir) and os.listdir(output_dir):  # the others: process 0 writes it
         raise FileExistsError(f"--output-dir {output_dir} already holds files; choose an empty directory, or pass --resume to continue its run")
     lm = load_causal_lm(settings["model"], dtype=dtype)
     if lm.tokenizer is None:
@@ -61,19 +69,27 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
     optimizer = keras.optimizers.AdamW(
         training.schedule(settings["learning_rate"], steps), weight_decay=settings["weight_decay"], epsilon=1e-8
     )
-    model_ = training.prepare(lm, full=full, targets=settings["lora_targets"], rank=settings["lora_rank"],
-                              alpha=settings["lora_alpha"], optimizer=optimizer, seed=settings["seed"])
-    optimizer.build(model_.trainable_variables)
+    with engine.scope():
+        model_ = training.prepare(lm, full=full, targets=settings["lora_targets"], rank=settings["lora_rank"],
+                                  alpha=settings["lora_alpha"], optimizer=optimizer, seed=settings["seed"])
+        optimizer.build(model_.trainable_variables)
     if resume:
         checkpoint.restore(output_dir, model_)
         log(f"Resuming at epoch {state['epoch'] + 1}, step {state['step']}")
+    engine.prepare(model_)  # torch: process 0's weights everywhere, the gradients averaged
+
+    def save(s):
+        with engine.saving_directory(output_dir) as directory:
+            checkpoint.save(directory, model_, settings, s)
+
     log(f"{len(train)} examples, {steps} steps; {sum(int(math.prod(v.shape)) for v in model_.trainable_variables):,} trainable weights")
     state = training.run(
         model_, train, epochs=settings["epochs"], batch_size=settings["batch_size"], pad_id=lm.pad_id, seed=settings["seed"],
-        state=state, evaluation=evaluation, save=lambda s: checkpoint.save(output_dir, model_, settings, s),
-        save_every=settings["save_every"], on_step=on_step, log=log,
+        state=state, evaluation=evaluation, save=save, save_every=settings["save_every"], on_step=on_step, engine=engine,
+        callbacks=callbacks, log=log,
     )
-    write_outputs(lm, output_dir, settings, state["history"])
+    with engine.saving_directory(output_dir) as directory:
+        write_outputs(lm, directory, settings, state["history"])
     return state["history"]
 
 

@@ -17,18 +17,34 @@ from attnkit.finetune import data, lora
 
 @keras.saving.register_keras_serializable(package="attnkit")
 class TokenLoss(keras.losses.Loss):
-    """Cross-entropy of the logits (B, L, V) against targets (B, L), averaged over the targets that are
-    not `data.IGNORE` (transformers' causal-LM loss: a batch's mean over its learned tokens)."""
+    """Cross-entropy of the logits (B, L, V) against targets (B, L), summed over the tokens weighted by
+    `sample_weight` (B, L) (`token_weights`: 1 / count on each learned token, so the loss is the mean
+    over a batch's learned tokens, transformers' causal-LM loss). A call without weights is refused:
+    the sum alone is no loss anybody means."""
 
     def __init__(self, name="token_loss", **kwargs):
-        super().__init__(name=name, reduction="sum_over_batch_size", **kwargs)
+        super().__init__(name=name, reduction="sum", **kwargs)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        if sample_weight is None:
+            raise ValueError("TokenLoss needs `sample_weight` (B, L) from `token_weights`; none was given")
+        return super().__call__(y_true, y_pred, sample_weight)
 
     def call(self, y_true, y_pred):
         targets = ops.cast(y_true, "int32")  # Keras hands targets over as floats
         keep = ops.not_equal(targets, data.IGNORE)
         per_token = ops.sparse_categorical_crossentropy(ops.where(keep, targets, 0), ops.cast(y_pred, "float32"), from_logits=True)
-        weight = ops.cast(keep, "float32")
-        return ops.sum(per_token * weight) / ops.maximum(ops.sum(weight), 1.0)  # a scalar: the reduction keeps it
+        return per_token * ops.cast(keep, "float32")  # (B, L)
+
+
+def token_weights(targets, count=None, scale=1.0):
+    """(B, L) float32: `scale / count` on each learned token of `targets` (B, L), 0 elsewhere; `count`
+    defaults to the learned tokens of `targets`. A process's share of a batch takes the whole batch's
+    count and scale = the processes P, whose gradients the engine averages: the mean of the P
+    gradients is then the gradient of the whole batch's token mean."""
+    keep = targets != data.IGNORE
+    count = int(keep.sum()) if count is None else int(count)
+    return keep.astype("float32") * np.float32(scale / max(count, 1))
 
 
 def schedule(learning_rate, total_steps, warmup_fraction=0.03):
@@ -54,10 +70,11 @@ def prepare(lm, *, full=False, targets=("q", "k", "v", "o", "gate", "up", "down"
     return model
 
 
-def train_step(model, inputs, targets):
-    """One optimizer step on a batch; returns its loss (float)."""
+def train_step(model, inputs, targets, count=None, scale=1.0):
+    """One optimizer step on a batch (`token_weights(targets, count, scale)`); returns its loss (float)."""
     model.reset_metrics()
-    return float(model.train_on_batch(inputs, targets, return_dict=True)["loss"])
+    weights = token_weights(targets, count, scale)
+    return float(model.train_on_batch(inputs, targets, sample_weight=weights, return_dict=True)["loss"])
 
 
 def evaluate(model, examples, batch_size, pad_id):
@@ -67,40 +84,66 @@ def evaluate(model, examples, batch_size, pad_id):
         inputs, targets = data.collate(examples[start : start + batch_size], pad_id)
         tokens = int((targets != data.IGNORE).sum())
         model.reset_metrics()
-        loss = float(model.test_on_batch(inputs, targets, return_dict=True)["loss"])
+        loss = float(model.test_on_batch(inputs, targets, sample_weight=token_weights(targets), return_dict=True)["loss"])
         total, count = total + loss * tokens, count + tokens
     mean = total / max(count, 1)
     return mean, math.exp(min(mean, 700.0))
 
 
-def run(model, train, *, epochs, batch_size, pad_id, seed, state, evaluation=(), save=None, save_every=0, on_step=None, log=print):
+def share(inputs, targets, rank, world):
+    """Process `rank`'s rows of a batch (B, L) split over `world` processes: ceil(B / world) rows each,
+    the last shares filled up with rows that learn nothing (a last batch smaller than the others)."""
+    rows = -(-inputs.shape[0] // world)
+    pad = rows * world - inputs.shape[0]
+    inputs = np.concatenate([inputs, np.full((pad, inputs.shape[1]), inputs[0, 0], inputs.dtype)])
+    targets = np.concatenate([targets, np.full((pad, targets.shape[1]), data.IGNORE, targets.dtype)])
+    return inputs[rank * rows : (rank + 1) * rows], targets[rank * rows : (rank + 1) * rows]
+
+
+def run(model, train, *, epochs, batch_size, pad_id, seed, state, evaluation=(), save=None, save_every=0, on_step=None,
+        engine=None, callbacks=(), log=print):
     """Trains `model` (prepared) on `train` [(ids, labels)] from `state` {"epoch", "step"} (0, 0 for a new
     run) to the end of `epochs`; `save(state)` writes a checkpoint every `save_every` steps (0: each
-    epoch's end only) and at each epoch's end. Returns the state with "history" [{epoch, loss, eval_loss,
-    perplexity, seconds}]."""
-    history = list(state.get("history", []))
-    for epoch in range(state["epoch"], epochs):
-        order = data.batch_order(len(train), batch_size, seed, epoch)
-        log(f"Epoch {epoch + 1}/{epochs}")
-        bar = keras.utils.Progbar(len(order), stateful_metrics=["loss"])
-        first = state["step"] if epoch == state["epoch"] else 0
-        bar.update(first)
-        started, losses = time.perf_counter(), list(state.get("epoch_losses", [])) if first else []
-        for step in range(first, len(order)):
-            inputs, targets = data.collate([train[i] for i in order[step]], pad_id)
-            losses.append(train_step(model, inputs, targets))
-            state = {**state, "epoch": epoch, "step": step + 1, "epoch_losses": losses}
-            bar.update(step + 1, values=[("loss", losses[-1])])
-            if save is not None and save_every and (step + 1) % save_every == 0 and step + 1 < len(order):
+    epoch's end only) and at each epoch's end. With `engine` (attnkit.distributed.engines) of P
+    processes, each process trains on its `share` of every batch; the losses are the whole batch's.
+    `callbacks` (Keras callbacks) hear of the run's beginning, each step and the end. Returns the state
+    with "history" [{epoch, loss, eval_loss, perplexity, seconds}]."""
+    rank, world = (engine.rank, engine.world) if engine is not None else (0, 1)
+    for callback in callbacks:
+        callback.on_train_begin()
+    try:
+        history = list(state.get("history", []))
+        for epoch in range(state["epoch"], epochs):
+            order = data.batch_order(len(train), batch_size, seed, epoch)
+            log(f"Epoch {epoch + 1}/{epochs}")
+            bar = keras.utils.Progbar(len(order), stateful_metrics=["loss"], verbose=1 if rank == 0 else 0)
+            first = state["step"] if epoch == state["epoch"] else 0
+            bar.update(first)
+            started, losses = time.perf_counter(), list(state.get("epoch_losses", [])) if first else []
+            for step in range(first, len(order)):
+                inputs, targets = data.collate([train[i] for i in order[step]], pad_id)  # (B, L), the whole batch
+                count = int((targets != data.IGNORE).sum())
+                loss = train_step(model, *share(inputs, targets, rank, world), count=count, scale=world)
+                losses.append(loss if engine is None else engine.mean(loss))
+                for callback in callbacks:
+                    callback.on_train_batch_end(step)
+                state = {**state, "epoch": epoch, "step": step + 1, "epoch_losses": losses}
+                bar.update(step + 1, values=[("loss", losses[-1])])
+                if save is not None and save_every and (step + 1) % save_every == 0 and step + 1 < len(order):
+                    save(state)
+                if on_step is not None:
+                    on_step(state)
+            record = {"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": round(time.perf_counter() - started, 2)}
+            if evaluation:
+                record["eval_loss"], record["perplexity"] = evaluate(model, evaluation, batch_size, pad_id)
+                log(f"eval_loss: {record['eval_loss']:.4f} - perplexity: {record['perplexity']:.3f}")
+                for callback in callbacks:  # a step watchdog times steps, not the evaluation
+                    callback.on_train_batch_end(step)
+            history.append(record)
+            state = {"epoch": epoch + 1, "step": 0, "epoch_losses": [], "history": history}
+            if save is not None:
                 save(state)
-            if on_step is not None:
-                on_step(state)
-        record = {"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": round(time.perf_counter() - started, 2)}
-        if evaluation:
-            record["eval_loss"], record["perplexity"] = evaluate(model, evaluation, batch_size, pad_id)
-            log(f"eval_loss: {record['eval_loss']:.4f} - perplexity: {record['perplexity']:.3f}")
-        history.append(record)
-        state = {"epoch": epoch + 1, "step": 0, "epoch_losses": [], "history": history}
-        if save is not None:
-            save(state)
+    finally:
+        for callback in callbacks:
+            callback.on_train_end()
     return {**state, "history": history}

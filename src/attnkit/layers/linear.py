@@ -30,8 +30,13 @@ class Linear(keras.layers.Dense):
     """
 
     def call(self, inputs, training=None):
-        # Quantized layers never get here: Keras routes them to Dense.quantized_call. `self.kernel`
-        # includes a LoRA update when LoRA is enabled.
+        # Quantized layers never get here: Keras routes them to Dense.quantized_call.
+        if self.lora_enabled:
+            # PEFT's order, x W + (alpha / r) (x A) B, not Dense's x (W + (alpha / r) A B): the
+            # d_in x d_out update is never formed, so a training step computes no gradient of that
+            # size for the frozen W (docs/decisions.md item 134). x: (..., d_in), A (d_in, r), B (r, d_out).
+            update = keras.ops.matmul(keras.ops.matmul(inputs, self.lora_kernel_a), self.lora_kernel_b)  # (..., d_out)
+            return self.activation(linear(inputs, self._kernel, self.bias) + (self.lora_alpha / self.lora_rank) * update)
         fused = _FUSED_ACTIVATIONS.get(self.activation, "other")
         if fused != "other":
             return linear(inputs, self.kernel, self.bias, activation=fused)

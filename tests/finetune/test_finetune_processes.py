@@ -1,0 +1,117 @@
+"""`attnkit finetune --processes N` (decision 133): every process trains on its share of each global
+batch, weighted by the whole batch's count of learned tokens, so N processes take the steps one
+process takes: the same losses and the same adapter, up to float32 rounding. Backends without a
+fine-tuning engine refuse it in one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from attnkit.cli import main
+from attnkit.finetune import data, finetune, training
+from attnkit.pipelines.causal_checkpoint import load_causal_lm
+from tiny import date_chats, write_jsonl
+
+TORCH = keras.backend.backend() == "torch"
+ARGS = ["--epochs", "2", "--batch-size", "4", "--learning-rate", "0.05", "--lora-rank", "4", "--lora-alpha", "8", "--max-length", "128"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 6), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_the_shares_hold_every_row_once_and_pad_with_rows_that_learn_nothing(batch, length, world, seed):
+    rng = np.random.default_rng(seed)
+    inputs = rng.integers(0, 50, (batch, length)).astype("int32")
+    targets = np.where(rng.random((batch, length)) < 0.5, data.IGNORE, inputs).astype("int32")
+    shares = [training.share(inputs, targets, rank, world) for rank in range(world)]
+    rows = -(-batch // world)
+    assert all(i.shape == t.shape == (rows, length) for i, t in shares)
+    joined_inputs = np.concatenate([i for i, _ in shares])
+    joined_targets = np.concatenate([t for _, t in shares])
+    np.testing.assert_array_equal(joined_inputs[:batch], inputs)
+    np.testing.assert_array_equal(joined_targets[:batch], targets)
+    assert (joined_targets[batch:] == data.IGNORE).all()
+
+
+def test_token_weights_make_the_loss_the_mean_over_learned_tokens_and_are_required(tiny_dir):
+    lm = load_causal_lm(tiny_dir)
+    model = training.prepare(lm, rank=2, alpha=4, optimizer=keras.optimizers.SGD(0.0))
+    examples = [data.encode(lm, record, 128) for record in date_chats(5, seed=3)]
+    inputs, targets = data.collate(examples, lm.pad_id)
+    logits = np.asarray(keras.ops.convert_to_numpy(model(inputs)), "float64")  # (B, L, V)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    keep = targets != data.IGNORE
+    want = -np.take_along_axis(logp, np.where(keep, targets, 0)[..., None], -1)[..., 0][keep].mean()
+    got = float(model.test_on_batch(inputs, targets, sample_weight=training.token_weights(targets), return_dict=True)["loss"])
+    assert abs(got - want) < 1e-5
+    # Two processes' shares, each weighted by the whole batch's count and scaled by 2: their mean is the whole's.
+    count = int(keep.sum())
+    halves = [float(model.test_on_batch(i, t, sample_weight=training.token_weights(t, count, 2), return_dict=True)["loss"])
+              for i, t in (training.share(inputs, targets, r, 2) for r in range(2))]
+    assert abs(np.mean(halves) - want) < 1e-5
+    with pytest.raises(ValueError, match="sample_weight"):
+        model.test_on_batch(inputs, targets)
+
+
+@pytest.mark.skipif(not TORCH, reason="the torch pass runs the processes; the others' refusal is the test below")
+def test_two_processes_train_as_one(tiny_dir, tmp_path):
+    # 13 examples in batches of 4: the last batch has one row, so one process's share is all padding.
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(13))
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    assert main(["finetune", "--data", train, "--model", tiny_dir, "--output-dir", one, *ARGS]) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "attnkit.cli", "finetune", "--data", train, "--model", tiny_dir, "--output-dir", two, *ARGS,
+         "--processes", "2"], capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "world size 2 (processes); per-process batch 2, global batch 4" in done.stdout
+    histories = [json.load(open(os.path.join(d, "finetune.json")))["history"] for d in (one, two)]
+    for a, b in zip(*histories, strict=True):
+        assert abs(a["loss"] - b["loss"]) < 1e-5
+    from safetensors.numpy import load_file
+
+    a, b = (load_file(os.path.join(d, "adapter", "adapter_model.safetensors")) for d in (one, two))
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], atol=1e-5)
+    assert max(np.abs(v).max() for k, v in a.items() if "lora_B" in k) > 1e-3  # the adapter did train
+
+
+@pytest.mark.skipif(TORCH, reason="torch has the fine-tuning engine (test above)")
+def test_other_backends_refuse_processes_in_one_line(tiny_dir, tmp_path, capsys):
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
+    out = tmp_path / "out"
+    assert main(["finetune", "--data", train, "--model", tiny_dir, "--output-dir", str(out), "--processes", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "torch backend" in err and "\n" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--processes", "2", "--batch-size", "3"], "--batch-size must be a multiple of --processes"),
+    (["--processes", "2", "--process-id", "0"], "--process-id needs --coordinator"),
+    (["--processes", "2", "--coordinator", "10.0.0.1:1234"], "--coordinator must be 127.0.0.1:PORT"),
+])
+def test_wrong_process_options_are_one_line_before_anything_starts(arguments, message, tiny_dir, tmp_path, capsys):
+    if not TORCH:
+        pytest.skip("other backends refuse --processes first (test above)")
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
+    assert main(["finetune", "--data", train, "--model", tiny_dir, "--output-dir", str(tmp_path / "out"), *arguments]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_full_output_directory_is_refused_before_workers_start(tiny_dir, tmp_path, capsys):
+    if not TORCH:
+        pytest.skip("other backends refuse --processes first")
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["finetune", "--data", train, "--model", tiny_dir, "--output-dir", str(out), "--processes", "2"]) != 0
+    assert "already holds files" in capsys.readouterr().err
+    assert (out / "keep.txt").read_text() == "mine"
