@@ -33,8 +33,12 @@ class TokenLoss(keras.losses.Loss):
     def call(self, y_true, y_pred):
         targets = ops.cast(y_true, "int32")  # Keras hands targets over as floats
         keep = ops.not_equal(targets, data.IGNORE)
-        per_token = ops.sparse_categorical_crossentropy(ops.where(keep, targets, 0), ops.cast(y_pred, "float32"), from_logits=True)
-        return per_token * ops.cast(keep, "float32")  # (B, L)
+        # On 2-D logits (B L, V): Keras's torch path moves a 3-D input's classes to axis 1 for
+        # torch's loss, a copy of the (B, L, V) logits and a log-softmax over a strided axis.
+        vocabulary = ops.shape(y_pred)[-1]
+        logits = ops.reshape(ops.cast(y_pred, "float32"), (-1, vocabulary))  # (B L, V)
+        per_token = ops.sparse_categorical_crossentropy(ops.reshape(ops.where(keep, targets, 0), (-1,)), logits, from_logits=True)
+        return ops.reshape(per_token, ops.shape(targets)) * ops.cast(keep, "float32")  # (B, L)
 
 
 def token_weights(targets, count=None, scale=1.0):
