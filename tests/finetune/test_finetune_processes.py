@@ -1,7 +1,7 @@
 """`attnkit finetune --processes N` (decision 133): every process trains on its share of each global
 batch, weighted by the whole batch's count of learned tokens, so N processes take the steps one
-process takes: the same losses and the same adapter, up to float32 rounding. Backends without a
-fine-tuning engine refuse it in one line."""
+process takes: the same losses and the same adapter, up to float32 rounding, on every backend's
+engine (torch.distributed, jax.distributed, tensorflow's MultiWorkerMirroredStrategy)."""
 
 import json
 import os
@@ -18,7 +18,6 @@ from attnkit.finetune import data, finetune, training
 from attnkit.pipelines.causal_checkpoint import load_causal_lm
 from tiny import date_chats, write_jsonl
 
-TORCH = keras.backend.backend() == "torch"
 ARGS = ["--epochs", "2", "--batch-size", "4", "--learning-rate", "0.05", "--lora-rank", "4", "--lora-alpha", "8", "--max-length", "128"]
 
 
@@ -58,14 +57,16 @@ def test_token_weights_make_the_loss_the_mean_over_learned_tokens_and_are_requir
         model.test_on_batch(inputs, targets)
 
 
-@pytest.mark.skipif(not TORCH, reason="the torch pass runs the processes; the others' refusal is the test below")
 def test_two_processes_train_as_one(tiny_dir, tmp_path):
     # 13 examples in batches of 4: the last batch has one row, so one process's share is all padding.
+    # 5 evaluation examples: the second batch's share of process 1 is padding too.
     train = write_jsonl(tmp_path / "train.jsonl", date_chats(13))
+    evaluation = write_jsonl(tmp_path / "eval.jsonl", date_chats(5, seed=7))
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    assert main(["finetune", "--data", train, "--model", tiny_dir, "--output-dir", one, *ARGS]) == 0
+    assert main(["finetune", "--data", train, "--eval", evaluation, "--model", tiny_dir, "--output-dir", one, *ARGS]) == 0
     done = subprocess.run(
-        [sys.executable, "-m", "attnkit.cli", "finetune", "--data", train, "--model", tiny_dir, "--output-dir", two, *ARGS,
+        [sys.executable, "-m", "attnkit.cli", "finetune", "--data", train, "--eval", evaluation, "--model", tiny_dir,
+         "--output-dir", two, *ARGS,
          "--processes", "2"], capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -73,6 +74,7 @@ def test_two_processes_train_as_one(tiny_dir, tmp_path):
     histories = [json.load(open(os.path.join(d, "finetune.json")))["history"] for d in (one, two)]
     for a, b in zip(*histories, strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-5
+        assert abs(a["eval_loss"] - b["eval_loss"]) < 1e-5
     from safetensors.numpy import load_file
 
     a, b = (load_file(os.path.join(d, "adapter", "adapter_model.safetensors")) for d in (one, two))
@@ -82,32 +84,18 @@ def test_two_processes_train_as_one(tiny_dir, tmp_path):
     assert max(np.abs(v).max() for k, v in a.items() if "lora_B" in k) > 1e-3  # the adapter did train
 
 
-@pytest.mark.skipif(TORCH, reason="torch has the fine-tuning engine (test above)")
-def test_other_backends_refuse_processes_in_one_line(tiny_dir, tmp_path, capsys):
-    train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
-    out = tmp_path / "out"
-    assert main(["finetune", "--data", train, "--model", tiny_dir, "--output-dir", str(out), "--processes", "2"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "torch backend" in err and "\n" not in err
-    assert not out.exists()
-
-
 @pytest.mark.parametrize("arguments, message", [
     (["--processes", "2", "--batch-size", "3"], "--batch-size must be a multiple of --processes"),
     (["--processes", "2", "--process-id", "0"], "--process-id needs --coordinator"),
     (["--processes", "2", "--coordinator", "10.0.0.1:1234"], "--coordinator must be 127.0.0.1:PORT"),
 ])
 def test_wrong_process_options_are_one_line_before_anything_starts(arguments, message, tiny_dir, tmp_path, capsys):
-    if not TORCH:
-        pytest.skip("other backends refuse --processes first (test above)")
     train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
     assert main(["finetune", "--data", train, "--model", tiny_dir, "--output-dir", str(tmp_path / "out"), *arguments]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_a_full_output_directory_is_refused_before_workers_start(tiny_dir, tmp_path, capsys):
-    if not TORCH:
-        pytest.skip("other backends refuse --processes first")
     train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
     out = tmp_path / "out"
     out.mkdir()

@@ -46,9 +46,6 @@ def _finetune_processes(args):
     """--processes N: N local workers; with --coordinator and --process-id: one worker of a run over
     several machines. Every process trains on its share of each batch (docs/decisions.md item 133)."""
     backend = keras.backend.backend()
-    if backend != "torch":
-        raise CommandError(f"finetune --processes runs on the torch backend (torch.distributed); this is {backend}. "
-                           f"Set KERAS_BACKEND=torch, or fine-tune in one process")
     args.processes = args.processes or 1
     if args.batch_size % args.processes:
         raise CommandError(f"--batch-size must be a multiple of --processes ({args.processes}) so that every process "
@@ -106,7 +103,7 @@ def add_commands(commands):
     p.add_argument("--save-every", type=non_negative_int, default=0, help="checkpoint every N steps too (default: each epoch's end)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its checkpoint")
     p.add_argument("--full", action="store_true", help="train every weight instead of LoRA")
-    p.add_argument("--processes", type=positive_int, help="train data-parallel in N processes, torch (--batch-size stays the global batch)")
+    p.add_argument("--processes", type=positive_int, help="train data-parallel in N processes (--batch-size stays the global batch)")
     p.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address; with --process-id: run one worker of a multi-machine job")
     p.add_argument("--process-id", type=non_negative_int, help="this worker's index, 0 .. N-1 (with --coordinator and --processes)")
     p.add_argument("--timeout", type=positive_int, default=60, help="seconds to wait for the other processes, and for one step (default 60)")

@@ -38,6 +38,10 @@ class Engine:
     """
 
     name = "none"
+    # How the P processes' gradients of a sum-reduced loss are joined. True: averaged (torch's
+    # all-reduce, then / P). False: summed (tensorflow's optimizer sums its replicas' gradients, and
+    # Keras scales only mean-reduced losses by 1 / P), or one loss over the global batch (jax).
+    averages_gradients = True
 
     def __init__(self, rank, world):
         self.rank, self.world = rank, world
@@ -153,6 +157,7 @@ class TorchEngine(Engine):
 
 class JaxEngine(Engine):
     name = "jax.distributed (gloo CPU collectives)"
+    averages_gradients = False
 
     def __init__(self, rank, world, host, port, timeout):
         super().__init__(rank, world)
@@ -187,6 +192,7 @@ class JaxEngine(Engine):
 
 class TensorflowEngine(Engine):
     name = "tf.distribute.MultiWorkerMirroredStrategy"
+    averages_gradients = False
 
     def __init__(self, rank, world, host, port, timeout):
         super().__init__(rank, world)
@@ -217,6 +223,13 @@ class TensorflowEngine(Engine):
 
     def scope(self):
         return self.strategy.scope()
+
+    def mean(self, value):
+        # With one replica per worker, a value outside `fit` (`train_on_batch`'s loss) is the worker's own.
+        # The float64 sum of P values, as torch's engine takes it.
+        tf = self.tf
+        mine = self.strategy.run(lambda: tf.constant(float(value), tf.float64))
+        return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, mine, axis=None)) / self.world
 
     def prepare(self, model):
         self.model = model

@@ -20,8 +20,8 @@ RESUMABLE = ("epochs", "eval", "save_every")  # settings a resumed run may chang
 
 
 def save(directory, model, settings, state):
-    arrays = {f"t{i}": ops.convert_to_numpy(v.value) for i, v in enumerate(model.trainable_variables)}
-    arrays.update({f"o{i}": ops.convert_to_numpy(v.value) for i, v in enumerate(model.optimizer.variables)})
+    arrays = {f"t{i}": _numpy(v) for i, v in enumerate(model.trainable_variables)}
+    arrays.update({f"o{i}": _numpy(v) for i, v in enumerate(model.optimizer.variables)})
 
     def write_weights(path):
         with open(path, "wb") as f:
@@ -32,6 +32,13 @@ def save(directory, model, settings, state):
             json.dump({"settings": settings, "state": state}, f, indent=1)
 
     replace_files(os.path.join(directory, FOLDER), {WEIGHTS: write_weights, PROGRESS: write_progress})
+
+
+def _numpy(variable):
+    value = variable.value
+    # A tensorflow variable is read first: the optimizer's step count, a MirroredVariable under
+    # MultiWorkerMirroredStrategy, has no array of its own to convert.
+    return ops.convert_to_numpy(value.read_value() if hasattr(value, "read_value") else value)
 
 
 def read_progress(directory):

@@ -60,36 +60,39 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
             raise ValueError(f"--resume: {output_dir} has already trained {state['epoch']} epochs; ask for more with --epochs")
     elif engine.rank == 0 and os.path.isdir(output_dir) and os.listdir(output_dir):  # the others: process 0 writes it
         raise FileExistsError(f"--output-dir {output_dir} already holds files; choose an empty directory, or pass --resume to continue its run")
-    lm = load_causal_lm(settings["model"], dtype=dtype)
-    if lm.tokenizer is None:
-        raise ValueError(f"The model at {lm.path} has no tokenizer (tokenizer.json); fine-tuning reads text")
-    train = data.encode_file(lm, train_file, settings["max_length"])  # every line checked before training
-    evaluation = data.encode_file(lm, eval_file, settings["max_length"]) if eval_file else []
-    steps = settings["epochs"] * math.ceil(len(train) / settings["batch_size"])
-    optimizer = keras.optimizers.AdamW(
-        training.schedule(settings["learning_rate"], steps), weight_decay=settings["weight_decay"], epsilon=1e-8
-    )
-    with engine.scope():
+    with engine.scope():  # jax: the model's variables and every step's batch over all processes' devices
+        # The same initial values in every process before the checkpoint's replace them (jax checks
+        # that a variable placed on all processes' devices is given the same value everywhere).
+        keras.utils.set_random_seed(settings["seed"])
+        lm = load_causal_lm(settings["model"], dtype=dtype)
+        if lm.tokenizer is None:
+            raise ValueError(f"The model at {lm.path} has no tokenizer (tokenizer.json); fine-tuning reads text")
+        train = data.encode_file(lm, train_file, settings["max_length"])  # every line checked before training
+        evaluation = data.encode_file(lm, eval_file, settings["max_length"]) if eval_file else []
+        steps = settings["epochs"] * math.ceil(len(train) / settings["batch_size"])
+        optimizer = keras.optimizers.AdamW(
+            training.schedule(settings["learning_rate"], steps), weight_decay=settings["weight_decay"], epsilon=1e-8
+        )
         model_ = training.prepare(lm, full=full, targets=settings["lora_targets"], rank=settings["lora_rank"],
                                   alpha=settings["lora_alpha"], optimizer=optimizer, seed=settings["seed"])
         optimizer.build(model_.trainable_variables)
-    if resume:
-        checkpoint.restore(output_dir, model_)
-        log(f"Resuming at epoch {state['epoch'] + 1}, step {state['step']}")
-    engine.prepare(model_)  # torch: process 0's weights everywhere, the gradients averaged
+        if resume:
+            checkpoint.restore(output_dir, model_)
+            log(f"Resuming at epoch {state['epoch'] + 1}, step {state['step']}")
+        engine.prepare(model_)  # torch: process 0's weights everywhere, the gradients averaged
 
-    def save(s):
+        def save(s):
+            with engine.saving_directory(output_dir) as directory:
+                checkpoint.save(directory, model_, settings, s)
+
+        log(f"{len(train)} examples, {steps} steps; {sum(int(math.prod(v.shape)) for v in model_.trainable_variables):,} trainable weights")
+        state = training.run(
+            model_, train, epochs=settings["epochs"], batch_size=settings["batch_size"], pad_id=lm.pad_id, seed=settings["seed"],
+            state=state, evaluation=evaluation, save=save, save_every=settings["save_every"], on_step=on_step, engine=engine,
+            callbacks=callbacks, log=log,
+        )
         with engine.saving_directory(output_dir) as directory:
-            checkpoint.save(directory, model_, settings, s)
-
-    log(f"{len(train)} examples, {steps} steps; {sum(int(math.prod(v.shape)) for v in model_.trainable_variables):,} trainable weights")
-    state = training.run(
-        model_, train, epochs=settings["epochs"], batch_size=settings["batch_size"], pad_id=lm.pad_id, seed=settings["seed"],
-        state=state, evaluation=evaluation, save=save, save_every=settings["save_every"], on_step=on_step, engine=engine,
-        callbacks=callbacks, log=log,
-    )
-    with engine.saving_directory(output_dir) as directory:
-        write_outputs(lm, directory, settings, state["history"])
+            write_outputs(lm, directory, settings, state["history"])
     return state["history"]
 
 

@@ -74,24 +74,43 @@ def prepare(lm, *, full=False, targets=("q", "k", "v", "o", "gate", "up", "down"
     return model
 
 
-def train_step(model, inputs, targets, count=None, scale=1.0):
-    """One optimizer step on a batch (`token_weights(targets, count, scale)`); returns its loss (float)."""
+def train_step(model, inputs, targets, weights=None):
+    """One optimizer step on a batch, its tokens weighted by `weights` (B, L) (default
+    `token_weights(targets)`); returns its loss (float)."""
     model.reset_metrics()
-    weights = token_weights(targets, count, scale)
+    weights = token_weights(targets) if weights is None else weights
     return float(model.train_on_batch(inputs, targets, sample_weight=weights, return_dict=True)["loss"])
 
 
-def evaluate(model, examples, batch_size, pad_id):
-    """(mean loss over every learned token of `examples`, perplexity)."""
+def evaluate(model, examples, batch_size, pad_id, engine=None):
+    """(mean loss over every learned token of `examples`, perplexity). With `engine`, each process
+    evaluates its share of every batch, as in training."""
     total, count = 0.0, 0
     for start in range(0, len(examples), batch_size):
         inputs, targets = data.collate(examples[start : start + batch_size], pad_id)
         tokens = int((targets != data.IGNORE).sum())
         model.reset_metrics()
-        loss = float(model.test_on_batch(inputs, targets, sample_weight=token_weights(targets), return_dict=True)["loss"])
-        total, count = total + loss * tokens, count + tokens
+        loss = float(model.test_on_batch(*weighted_share(inputs, targets, engine), return_dict=True)["loss"])
+        total, count = total + _mean(engine, loss) * tokens, count + tokens
     mean = total / max(count, 1)
     return mean, math.exp(min(mean, 700.0))
+
+
+def weighted_share(inputs, targets, engine=None):
+    """(inputs, targets, weights) (b, L) each: this process's `share` of a whole batch (B, L) and its
+    token weights, 1 / the whole batch's count of learned tokens, times P where the engine averages
+    the P processes' gradients (torch) and times 1 where it sums them (tensorflow) or the shares make
+    one global batch with one loss (jax's arrays over every process's devices). Either way the
+    step's gradient is that of the whole batch's token mean."""
+    rank, world = (0, 1) if engine is None else (engine.rank, engine.world)
+    count = int((targets != data.IGNORE).sum())
+    scale = world if engine is not None and engine.averages_gradients else 1
+    inputs, targets = share(inputs, targets, rank, world)
+    return inputs, targets, token_weights(targets, count, scale)
+
+
+def _mean(engine, value):
+    return float(value) if engine is None else engine.mean(value)
 
 
 def share(inputs, targets, rank, world):
@@ -126,9 +145,7 @@ def run(model, train, *, epochs, batch_size, pad_id, seed, state, evaluation=(),
             started, losses = time.perf_counter(), list(state.get("epoch_losses", [])) if first else []
             for step in range(first, len(order)):
                 inputs, targets = data.collate([train[i] for i in order[step]], pad_id)  # (B, L), the whole batch
-                count = int((targets != data.IGNORE).sum())
-                loss = train_step(model, *share(inputs, targets, rank, world), count=count, scale=world)
-                losses.append(loss if engine is None else engine.mean(loss))
+                losses.append(_mean(engine, train_step(model, *weighted_share(inputs, targets, engine))))
                 for callback in callbacks:
                     callback.on_train_batch_end(step)
                 state = {**state, "epoch": epoch, "step": step + 1, "epoch_losses": losses}
@@ -139,7 +156,7 @@ def run(model, train, *, epochs, batch_size, pad_id, seed, state, evaluation=(),
                     on_step(state)
             record = {"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": round(time.perf_counter() - started, 2)}
             if evaluation:
-                record["eval_loss"], record["perplexity"] = evaluate(model, evaluation, batch_size, pad_id)
+                record["eval_loss"], record["perplexity"] = evaluate(model, evaluation, batch_size, pad_id, engine)
                 log(f"eval_loss: {record['eval_loss']:.4f} - perplexity: {record['perplexity']:.3f}")
                 for callback in callbacks:  # a step watchdog times steps, not the evaluation
                     callback.on_train_batch_end(step)
