@@ -12,7 +12,7 @@ import os
 import keras
 
 from attnkit.cli import processes
-from attnkit.cli.errors import CommandError, non_negative_int, positive_int, seed
+from attnkit.cli.errors import non_negative_int, positive_int, seed
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, StepWatchdog
 from attnkit.finetune import export, finetune
 
@@ -47,9 +47,7 @@ def _finetune_processes(args):
     several machines. Every process trains on its share of each batch (docs/decisions.md item 133)."""
     backend = keras.backend.backend()
     args.processes = args.processes or 1
-    if args.batch_size % args.processes:
-        raise CommandError(f"--batch-size must be a multiple of --processes ({args.processes}) so that every process "
-                           f"gets an equal share. Received: batch_size={args.batch_size}")
+    processes.check_batch_size(args.batch_size, args.processes)
     processes.check_coordinator(args)
     if args.process_id is None:  # the launcher: what every worker would refuse, refused once, before any starts
         if not args.resume and os.path.isdir(args.output_dir) and os.listdir(args.output_dir):

@@ -27,6 +27,13 @@ def parse_coordinator(text):
     return host, int(port)
 
 
+def check_batch_size(batch_size, processes):
+    """Refuses a global batch that does not split evenly over the processes, before any starts."""
+    if batch_size % processes:
+        raise CommandError(f"--batch-size must be a multiple of --processes ({processes}) so that every process "
+                           f"gets an equal share. Received: batch_size={batch_size}")
+
+
 def worker_arguments(parser, args):
     """The options of `args` as a command line for `parser`, without the launcher's own."""
     skip = {"processes", "coordinator", "process_id", "help"}

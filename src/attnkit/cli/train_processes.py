@@ -39,9 +39,7 @@ def check_options(args, config):
     if args.data_parallel:
         raise CommandError("--data-parallel (one process over its devices) cannot be combined with --processes, "
                            "--coordinator, --process-id or --resume (their runs are of processes)")
-    if config.batch_size % args.processes:
-        raise CommandError(f"--batch-size must be a multiple of --processes ({args.processes}) so that every process "
-                           f"gets an equal share. Received: batch_size={config.batch_size}")
+    processes.check_batch_size(config.batch_size, args.processes)
     if config.n_train < config.batch_size:  # epoch_order's refusal, here rather than in every worker
         raise CommandError(f"--train-size must be at least --batch-size. Received: train_size={config.n_train}, "
                            f"batch_size={config.batch_size}")
