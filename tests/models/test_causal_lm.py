@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 from backend_utils import BACKEND, to_numpy
+from plain_step import assert_plain_step_equals_layers
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -115,7 +116,7 @@ def test_the_plain_torch_step_computes_what_the_layers_compute_bit_for_bit(pair,
     model = CausalLM.from_config({**config, "dtype": dtype})
     model.build()
     model.set_weights(lm.model.get_weights())
-    _assert_plain_step_equals_layers(model, monkeypatch)
+    assert_plain_step_equals_layers(model, monkeypatch)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the plain torch decoding step is the torch backend's")
@@ -123,29 +124,7 @@ def test_the_plain_torch_step_with_as_many_key_value_heads_as_query_heads(monkey
     """h_kv = h: the layers attend through `fused_attention`, not the grouped op."""
     model = CausalLM(vocab_size=64, n=2, d_model=32, h=4, d_ff=48, num_kv_heads=4, sliding_windows=[None, 3])
     model.build()
-    _assert_plain_step_equals_layers(model, monkeypatch)
-
-
-def _assert_plain_step_equals_layers(model, monkeypatch):
-    from attnkit.models import _torch_decoding
-
-    ids = np.array([[0, 0, 3, 4, 5, 6, 7, 8], [9, 8, 7, 6, 5, 4, 3, 2]], "int32")
-    mask = np.array([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
-    plain = _torch_decoding.forward
-
-    def decode(forward):
-        monkeypatch.setattr(_torch_decoding, "forward", forward)
-        cache = model.new_cache(2, 11)
-        steps = [model(ids[:, :5], attention_mask=mask[:, :5], cache=cache)]
-        steps += [model(ids[:, t : t + 1], attention_mask=mask[:, t : t + 1], cache=cache) for t in range(5, 8)]
-        return [to_numpy(s) for s in steps], [to_numpy(k) for k in cache.keys + cache.values]
-
-    ran = []
-    (ours, our_cache) = decode(lambda *args: ran.append(1) or plain(*args))
-    (layers, layer_cache) = decode(lambda *args: None)  # None: the caller runs the layers
-    assert len(ran) == 4 and all(o is not None for o in ours)
-    for a, b in zip(ours + our_cache, layers + layer_cache):
-        np.testing.assert_array_equal(a, b)
+    assert_plain_step_equals_layers(model, monkeypatch)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the plain torch decoding step is the torch backend's")

@@ -7,7 +7,8 @@ directory (Keras's weight-only quantization) and the refusals of bad dtypes."""
 
 import numpy as np
 import pytest
-from backend_utils import to_numpy
+from backend_utils import BACKEND, to_numpy
+from plain_step import assert_plain_step_equals_layers
 
 gguf = pytest.importorskip("gguf")
 
@@ -88,6 +89,27 @@ def test_packed_greedy_tokens_identical(loaded):
     prompts = [[5, 6, 7, 8], [9, 10]]
     expected = float_lm.generate_ids(prompts, max_new_tokens=8, stop_tokens=[])
     assert packed_lm.generate_ids(prompts, max_new_tokens=8, stop_tokens=[]) == expected
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the plain torch decoding step is the torch backend's")
+def test_the_plain_torch_step_runs_packed_blocks_as_the_layers_do(loaded, monkeypatch):
+    """A packed model decodes through torch's plain step (item 136), not the layers' Keras calls, and
+    computes exactly what they compute."""
+    _, _, packed_lm = loaded
+    assert_plain_step_equals_layers(packed_lm.model, monkeypatch)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="block_gemv is torch's CPU kernel")
+def test_decoding_steps_run_the_packed_kernel(loaded, monkeypatch):
+    """A batch-1 step's products go to `block_gemv` (a build failure would only warn and fall back)."""
+    from attnkit.kernels.quantized import block_gemv
+
+    calls = []
+    kernel = block_gemv.block_gemv
+    monkeypatch.setattr(block_gemv, "block_gemv", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    _, _, packed_lm = loaded
+    packed_lm.generate_ids([[5, 6, 7]], max_new_tokens=2, stop_tokens=[])
+    assert len(calls) >= 2 * LAYERS * 7  # every projection of every step after the prefill (and the prefill)
 
 
 def test_packed_model_holds_the_packed_bytes(loaded):

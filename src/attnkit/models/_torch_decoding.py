@@ -9,9 +9,10 @@ tensors and computed with the functions the layers call (`kernels.rms_norm`, `ke
 `kernels.torch_linear`, `grouped_query_attention` / `fused_attention`), so its logits and cache equal
 the layers' bit for bit (tests/models/test_causal_lm.py) and a family's maths lives in one place.
 
-It runs only where the layers' own calls would add nothing: every layer plain (not quantized, no
-LoRA, one dtype for variables and compute), no `keras.distribution` and no stateless scope (whose
-variables stand for other values). Otherwise `forward` returns
+It runs only where the layers' own calls would add nothing: every layer plain (no LoRA, one dtype
+for variables and compute, not quantized or holding GGUF blocks kept packed: item 136), no
+`keras.distribution` and no stateless scope (whose variables stand for other values). A projection
+holding blocks runs `kernels.quantized.block_linear` on its packed tensors, as its layer's call does. Otherwise `forward` returns
 None and the caller runs the layers. What it reads is looked up once into a `_Plan` and checked on
 every call: a layer's dtype policy (`quantize` replaces it), its LoRA switch and every variable's
 tensor; assignments write into those tensors in place, so they are seen.
@@ -22,6 +23,7 @@ Legend: B batch, T new tokens, S keys (cache), h / h_kv heads, d_k per-head widt
 import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public name in Keras 3
 
+from attnkit.kernels.quantized import block_linear
 from attnkit.layers._policies import own_policy
 from attnkit.layers.decoder_block import decoder_block
 from attnkit.layers.rms_norm import norm_scale
@@ -47,7 +49,7 @@ def forward(model, token_ids, cos, sin, keeps, causals, cache, start, last_only)
     if plan.lm_head is None:
         logits = kernels.times_transposed(x, plan.embeddings)  # (B, T, V)
     else:
-        logits = kernels.torch_linear(x, *plan.lm_head)
+        logits = plan.lm_head(x)
     return keras.ops.cast(logits, "float32")
 
 
@@ -64,10 +66,15 @@ class TorchParts:
             self.norms.update(q_norm=_Norm(plan, block.q_norm), k_norm=_Norm(plan, block.k_norm))
         self.epsilon, self.h, self.h_kv, self.d_k = block.epsilon, block.h, block.num_kv_heads, block.d_k
         self.attend_heads = grouped_query_attention if self.h_kv != self.h else fused_attention
-        self.W_qkv, self.W_qkv_bias, self.qkv_widths = plan.kernels(qkv), plan.biases(qkv), [d.units for d in qkv]
-        self.W_o = plan.dense(attention.W_o)
-        self.W_gate_up, self.W_gate_up_bias = plan.kernels(gate_up), plan.biases(gate_up)
-        self.gate_up_widths, self.W_down = [d.units for d in gate_up], plan.dense(feed_forward.W_down)
+        # float kernels joined side by side; blocks kept packed each as its own product
+        self.blocks = any(_holds_blocks(d) for d in (*qkv, *gate_up))
+        if self.blocks:
+            self.W_qkv, self.W_gate_up = [plan.blocks(d) for d in qkv], [plan.blocks(d) for d in gate_up]
+        else:
+            self.W_qkv, self.W_qkv_bias = plan.kernels(qkv), plan.biases(qkv)
+            self.W_gate_up, self.W_gate_up_bias = plan.kernels(gate_up), plan.biases(gate_up)
+        self.qkv_widths, self.gate_up_widths = [d.units for d in qkv], [d.units for d in gate_up]
+        self.W_o, self.W_down = plan.product(attention.W_o), plan.product(feed_forward.W_down)
         self.dropout, self.seed = attention.dropout, attention.seed_generator
 
     def residual(self, name, x, sublayer):
@@ -77,6 +84,9 @@ class TorchParts:
         return kernels.rms_norm(x, self.norms[name].scale(), self.epsilon)
 
     def project_qkv(self, normed):
+        if self.blocks:
+            q, k, v = (product(normed) for product in self.W_qkv)
+            return kernels.split_heads(q, self.h, self.d_k), kernels.split_heads(k, self.h_kv, self.d_k), kernels.split_heads(v, self.h_kv, self.d_k)
         # [W_q | W_k | W_v] side by side, kept by `concat_last` as the layer's own call keeps it.
         qkv = kernels.torch_linear(normed, kernels.concat_last(self.W_qkv, self.dtype), _joined_bias(self.W_qkv_bias, self.dtype))
         q, k, v = kernels.split_last(qkv, self.qkv_widths)  # (B, T, h * d_k), (B, T, h_kv * d_k) twice
@@ -88,16 +98,18 @@ class TorchParts:
 
     def attend(self, normed, q, k, v):
         heads = self.attend_heads(q, k, v, self.keep, causal=self.causal, dropout=self.dropout, training=False, seed=self.seed)
-        return kernels.torch_linear(kernels.merge_heads(heads), *self.W_o)  # (B, T, d_model)
+        return self.W_o(kernels.merge_heads(heads))  # (B, T, d_model)
 
     def project_gate_up(self, normed):
+        if self.blocks:
+            return [product(normed) for product in self.W_gate_up]  # (B, T, d_ff) each
         gate_up = kernels.torch_linear(
             normed, kernels.concat_last(self.W_gate_up, self.dtype), _joined_bias(self.W_gate_up_bias, self.dtype)
         )
         return kernels.split_last(gate_up, self.gate_up_widths)  # (B, T, d_ff) each
 
     def project_down(self, y):
-        return kernels.torch_linear(y, *self.W_down)
+        return self.W_down(y)
 
 
 class _Norm:
@@ -109,6 +121,11 @@ class _Norm:
 
     def scale(self):
         return self.gamma if self.norm.offset == 0 else norm_scale(self.norm)
+
+
+def _holds_blocks(dense):
+    """Whether a `Linear` holds GGUF blocks kept packed (`layers.block_quantized.keep_blocks`)."""
+    return getattr(dense, "block_format", None) is not None
 
 
 def _joined_bias(biases, dtype):
@@ -142,16 +159,16 @@ class _Plan:
         self.lora = [getattr(leaf, "lora_enabled", False) for leaf in self.leaves]
         self.variables = []
         self.plain = all(
-            policy.quantization_mode is None and policy.compute_dtype == policy.variable_dtype
+            (policy.quantization_mode is None or _holds_blocks(leaf)) and policy.compute_dtype == policy.variable_dtype
             and policy.compute_dtype in ("float32", "bfloat16", "float16")  # those `kernels.rms_norm` takes
-            for policy in self.policies
+            for leaf, policy in zip(self.leaves, self.policies)
         ) and not any(self.lora)
         if not self.plain:
             return  # nothing is read: the layers run
         self.dtype = self.policies[0].compute_dtype  # one for all: `plain`
         self.layers = [TorchParts(self, block) for block in model.decoder_layers]
         self.final_norm = _Norm(self, model.final_norm)
-        self.lm_head = None if model.lm_head is None else self.dense(model.lm_head)
+        self.lm_head = None if model.lm_head is None else self.product(model.lm_head)
         self.embeddings = None if model.lm_head is not None else self.tensor(model.embedding.embeddings)
 
     def current(self):
@@ -166,9 +183,20 @@ class _Plan:
         self.variables.append((variable, variable.value))
         return variable.value
 
-    def dense(self, dense):
-        """(kernel (d_in, d_out), bias (d_out,) or None) of a plain `Linear` without activation."""
-        return self.tensor(dense.kernel), None if dense.bias is None else self.tensor(dense.bias)
+    def product(self, dense):
+        """x -> x W + b of a `Linear` without activation: a float kernel (d_in, d_out) or packed blocks."""
+        if _holds_blocks(dense):
+            return self.blocks(dense)
+        kernel, bias = self.tensor(dense.kernel), None if dense.bias is None else self.tensor(dense.bias)
+        return lambda x: kernels.torch_linear(x, kernel, bias)
+
+    def blocks(self, dense):
+        """x -> x W^T + b of a `Linear` holding GGUF blocks (`layers.block_quantized`), as its
+        `quantized_call` computes it."""
+        values, scale = self.tensor(dense.block_values), self.tensor(dense.block_scale)
+        offset = None if dense.block_offset is None else self.tensor(dense.block_offset)
+        bias, layout = None if dense.bias is None else self.tensor(dense.bias), dense.block_format
+        return lambda x: block_linear(x, values, scale, offset, bias, **layout)
 
     def kernels(self, denses):
         """The kernel variables of projections the step joins side by side (`concat_last` keeps the join

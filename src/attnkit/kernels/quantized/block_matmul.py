@@ -4,7 +4,9 @@ inside the product (docs/decisions.md item 126).
     W[n, g*group + i] = scale[n, g] * (q[n, g*group + i] - zero) + offset[n, g]
     y = x W^T + b
 
-Every backend runs the same two steps, dequantize then one float GEMM: on jax and tensorflow a
+On torch's CPU, a float32 x of at most `block_gemv.MAX_ROWS` rows (a decoding step) goes to
+`block_gemv`, which reads the packed bytes once and dequantizes in registers (item 136). Otherwise
+every backend runs the same two steps, dequantize then one float GEMM: on jax and tensorflow a
 compiled call (`CausalLM._compiled_call`) gives XLA / Grappler both as one program, which fuses the
 dequantization into the product's operand; on torch, eagerly, the dequantized W is a temporary of
 the call (the model keeps only the packed values). torch's own weight-only kernels were measured and
@@ -14,7 +16,8 @@ the activations (errors of 2e-3 where float32 gives 1e-6).
 
 Exactness: W is gguf's float32 dequantization bit for bit (the integer values are exact in float32,
 and scale and offset are applied in gguf's order); y differs from a float64 x W^T only by float32
-accumulation, |y - y_64| <= 1e-5 * (|x| |W|^T) + 1e-6 (tests/kernels/test_quantized_blocks.py). In
+accumulation, |y - y_64| <= 1e-5 * (|x| |W|^T) + 1e-6 (tests/kernels/test_quantized_blocks.py; for
+`block_gemv` too, which sums s_g * sum q x + (offset_g - s_g zero) * sum x per group). In
 bfloat16 the dequantized W is rounded to bfloat16 once, then multiplied in float32: the bound is
 that of bfloat16 weights, 2^-8 relative.
 
@@ -23,6 +26,8 @@ Legend: N outputs, K inputs, G = K / group groups, B... leading axes of x.
 
 import keras
 from keras import ops
+
+from attnkit.kernels.quantized import block_gemv
 
 
 def dequantize(values, scale, offset, *, bits, zero, group, shape, dtype="float32"):
@@ -58,6 +63,12 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
     holds), the products accumulated in float32 by the backend's own bfloat16 GEMM."""
     dtype = ops.dtype(x) if hasattr(x, "dtype") else "float32"
     dtype = dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
+    if _few_rows_on_cpu(x, values, dtype, group):
+        # a decoding step's product: the packed bytes read once, dequantized in registers (block_gemv)
+        k = shape[1]
+        y = block_gemv.block_gemv(x.reshape(-1, k), values, scale, offset, bits=bits, zero=zero, group=group, shape=shape)
+        y = y.reshape(*x.shape[:-1], shape[0])  # (..., N)
+        return y if bias is None else y + bias
     w = dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape, dtype=dtype)  # (N, K)
     if keras.backend.backend() == "torch" and ops.is_tensor(x):
         import torch
@@ -67,3 +78,16 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
         return torch.nn.functional.linear(x.to(w.dtype), w, b)
     y = ops.matmul(ops.cast(x, dtype), ops.transpose(w))  # (..., N)
     return y if bias is None else ops.add(y, ops.cast(bias, dtype))
+
+
+def _few_rows_on_cpu(x, values, dtype, group):
+    """Whether x W^T goes to `block_gemv`: torch, float32, CPU tensors, at most MAX_ROWS rows of x, outside
+    autograd (the kernel has no gradient), and the kernel built."""
+    if keras.backend.backend() != "torch" or dtype != "float32" or not ops.is_tensor(x):
+        return False
+    import torch
+
+    if x.device.type != "cpu" or values.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
+        return False
+    rows = x.numel() // x.shape[-1] if x.ndim else 0
+    return 0 < rows <= block_gemv.MAX_ROWS and block_gemv.available()

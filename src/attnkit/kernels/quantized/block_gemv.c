@@ -1,0 +1,150 @@
+/* y = x W^T for a few rows of x, W read as packed blocks and dequantized in registers
+ * (docs/decisions.md item 136; the Python side is block_gemv.py).
+ *
+ *   W[n, g*group + i] = scale[n, g] * (q[n, g*group + i] - zero) + offset[n, g]
+ *
+ * x: float32 (M, K), row-major.  y: float32 (M, N).  values: int8 (N, K) when bits == 8; uint8
+ * (N, K / 2) when bits == 4, each group of 32 in 16 bytes, element i in the low nibble of byte i and
+ * element i + 16 in its high nibble.  scale, offset: float32 (N, K / group); offset may be NULL.
+ *
+ * Each weight is dequantized once per tile of up to TILE rows of x and multiplied in float32: no
+ * rounding of the activations (llama.cpp rounds them to 8 bits), so y differs from a float64
+ * x W^T only by float32 accumulation.  Rows n are shared among the threads (OpenMP: torch's own
+ * libgomp, already loaded, so one thread pool).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#define TILE 4
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* rows [0, t) of the sums s_g * sum_i q_i x_i over the groups g of one row n of W (the offsets are
+ * added by the caller); inlined for each constant t, so the accumulators stay in registers */
+static inline __attribute__((always_inline)) void row_avx2(
+        const float *x, int64_t K, const int t, const uint8_t *vals, const float *sc, int bits, int64_t group,
+        float *out) {
+    __m256 acc[TILE];
+    for (int m = 0; m < t; m++) acc[m] = _mm256_setzero_ps();
+    const int64_t G = K / group;
+    for (int64_t g = 0; g < G; g++) {
+        const __m256 s = _mm256_set1_ps(sc[g]);
+        const float *xg = x + g * group;
+        if (bits == 4) { /* group == 32: 16 bytes */
+            const __m128i b = _mm_loadu_si128((const __m128i *)(vals + g * 16));
+            const __m128i mask = _mm_set1_epi8(15);
+            const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+            const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+            const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+            const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+            const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+            for (int m = 0; m < t; m++) {
+                const float *xm = xg + m * K;
+                __m256 d = _mm256_mul_ps(q0, _mm256_loadu_ps(xm));
+                d = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xm + 8), d);
+                d = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xm + 16), d);
+                d = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xm + 24), d);
+                acc[m] = _mm256_fmadd_ps(s, d, acc[m]);
+            }
+        } else { /* int8, group a multiple of 8 */
+            const int8_t *q = (const int8_t *)vals + g * group;
+            __m256 d[TILE];
+            for (int m = 0; m < t; m++) d[m] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < group; i += 8) {
+                const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+                for (int m = 0; m < t; m++) d[m] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xg + m * K + i), d[m]);
+            }
+            for (int m = 0; m < t; m++) acc[m] = _mm256_fmadd_ps(s, d[m], acc[m]);
+        }
+    }
+    for (int m = 0; m < t; m++) out[m] = hsum(acc[m]);
+}
+
+static void row_avx2_tile(const float *x, int64_t K, int t, const uint8_t *vals, const float *sc, int bits,
+                          int64_t group, float *out) {
+    switch (t) { /* a constant t for each copy */
+    case 1: row_avx2(x, K, 1, vals, sc, bits, group, out); break;
+    case 2: row_avx2(x, K, 2, vals, sc, bits, group, out); break;
+    case 3: row_avx2(x, K, 3, vals, sc, bits, group, out); break;
+    default: row_avx2(x, K, 4, vals, sc, bits, group, out); break;
+    }
+}
+#endif
+
+/* the same sums in plain C: CPUs without AVX2 and FMA, and groups that are not a multiple of 8 */
+static void row_plain(const float *x, int64_t K, int t, const uint8_t *vals, const float *sc, const float *off,
+                      int bits, float zero, int64_t group, float *out) {
+    for (int m = 0; m < t; m++) out[m] = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+        const int64_t g = k / group;
+        float q;
+        if (bits == 4) {
+            const int64_t i = k % 32;
+            const uint8_t b = vals[(k / 32) * 16 + (i % 16)];
+            q = (float)(i < 16 ? (b & 15) : (b >> 4));
+        } else {
+            q = (float)((const int8_t *)vals)[k];
+        }
+        const float w = sc[g] * (q - zero) + (off ? off[g] : 0.0f);
+        for (int m = 0; m < t; m++) out[m] += w * x[m * K + k];
+    }
+}
+
+int block_gemv_vectorized(int64_t group) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return group % 8 == 0;
+#else
+    (void)group;
+    return 0;
+#endif
+}
+
+int block_gemv(const float *x, int64_t M, int64_t K, const uint8_t *values, const float *scale, const float *offset,
+                int bits, float zero, int64_t group, int64_t N, float *y, int threads) {
+    const int64_t G = K / group, row_bytes = bits == 4 ? K / 2 : K;
+    const int vectorized = block_gemv_vectorized(group);
+    /* sum_i W[n, i] x[m, i] = sum_g s_g sum_i q_i x_i + (o_g - s_g zero) xsum[m, g]: the vector loop
+     * multiplies the integers only; each group's constant part meets the group's sum of x here */
+    const int shifted = vectorized && (offset || zero != 0.0f);
+    float *xsum = shifted ? (float *)malloc(sizeof(float) * (size_t)(M * G)) : 0;
+    if (shifted && !xsum) return -1; /* no memory: block_gemv.py raises */
+    if (shifted)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t g = 0; g < G; g++) {
+                float total = 0.0f;
+                for (int64_t i = 0; i < group; i++) total += x[m * K + g * group + i];
+                xsum[m * G + g] = total;
+            }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *vals = values + n * row_bytes;
+        const float *sc = scale + n * G, *off = offset ? offset + n * G : 0;
+        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+            const int t = M - m0 < TILE ? (int)(M - m0) : TILE;
+            float out[TILE];
+#if defined(__AVX2__) && defined(__FMA__)
+            if (vectorized) {
+                row_avx2_tile(x + m0 * K, K, t, vals, sc, bits, group, out);
+                if (shifted)
+                    for (int m = 0; m < t; m++)
+                        for (int64_t g = 0; g < G; g++)
+                            out[m] += ((off ? off[g] : 0.0f) - sc[g] * zero) * xsum[(m0 + m) * G + g];
+            } else
+#endif
+                row_plain(x + m0 * K, K, t, vals, sc, off, bits, zero, group, out);
+            for (int m = 0; m < t; m++) y[(m0 + m) * N + n] = out[m];
+        }
+    }
+    free(xsum);
+    return 0;
+}

@@ -1,0 +1,123 @@
+"""x W^T for a few rows of x on a CPU, W's packed blocks dequantized in registers (docs/decisions.md
+item 136): the product of a batch-1 to batch-32 decoding step, which reads each weight once.
+
+Dequantizing W to a float32 temporary and then running a GEMM (block_matmul's path) writes and reads
+4 bytes per weight on every call, more than the float32 model itself reads; torch's own weight-only
+CPU kernels were measured slower than a float32 `linear` on an AVX2 CPU (block_matmul.py). This
+kernel (block_gemv.c) reads the packed bytes once and multiplies in float32, activations unrounded.
+
+The C source is compiled on first use with the system's C compiler (`cc`, -O3 -march=native
+-fopenmp) into ATTNKIT_CACHE (default ~/.cache/attnkit)/kernels, keyed by the source, the compiler
+and the CPU's flags, written aside and renamed into place; it is loaded with ctypes and runs on
+torch's own OpenMP threads (torch.get_num_threads()). Where no compiler is found or the build fails,
+`available()` is False, one warning says so, and products take block_matmul's dequantize-then-GEMM
+path: the same result, slower.
+
+Legend: M rows of x, K inputs, N outputs, G = K / group.
+"""
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "block_gemv.c")
+MAX_ROWS = 32  # beyond this a dequantize-then-GEMM (compute-bound) is the faster product
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+_library = None  # the loaded library, False after a failed build, None before the first try
+
+
+def available():
+    """Whether the compiled kernel is loaded (built now if needed)."""
+    return _load() is not None
+
+
+def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, library=None):
+    """x (M, K) float32 CPU torch tensor times W^T from packed blocks -> (M, N) float32.
+
+    Args: as `block_matmul.dequantize` (values uint8 (N, K / 2) for bits 4, else int8 (N, K); scale
+    and offset float32 (N, G), offset possibly None), as CPU torch tensors.
+
+    library: a library from `build` (tests build one with other flags); default the kernel.
+
+    Raises:
+        RuntimeError: the kernel is not available (check `available()` first).
+    """
+    import torch
+
+    library = library or _load()
+    if library is None:
+        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    n, k = shape
+    x = x.contiguous()
+    m = x.shape[0]
+    y = torch.empty((m, n), dtype=torch.float32)
+    values, scale = values.contiguous(), scale.contiguous()
+    offset = None if offset is None else offset.contiguous()
+    status = library.block_gemv(
+        x.data_ptr(), m, k, values.data_ptr(), scale.data_ptr(), None if offset is None else offset.data_ptr(),
+        bits, float(zero), group, n, y.data_ptr(), torch.get_num_threads(),
+    )
+    if status != 0:
+        raise MemoryError(f"block_gemv could not allocate {m} x {k // group} floats")
+    return y
+
+
+def _load():
+    global _library
+    if _library is None:
+        try:
+            _library = build()
+        except (OSError, subprocess.SubprocessError) as error:
+            warnings.warn(
+                f"attnkit could not build its packed-weight CPU kernel ({error}); quantized products take the "
+                "dequantize-then-GEMM path: the same results, slower at small batches. A C compiler (`cc`) fixes it.",
+                stacklevel=3,
+            )
+            _library = False
+    return _library or None
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def build(flags=FLAGS):
+    """The kernel compiled with `flags` (cached by source, compiler, flags and CPU), loaded by ctypes.
+
+    Raises:
+        OSError: no compiler, or the compiler failed.
+    """
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise OSError("no C compiler found: neither $CC nor `cc` is on PATH")
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    key = hashlib.sha256(source + compiler.encode() + " ".join(flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    folder = os.path.join(os.environ.get("ATTNKIT_CACHE", os.path.expanduser("~/.cache/attnkit")), "kernels")
+    path = os.path.join(folder, f"block_gemv-{key}.so")
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        # built aside and renamed into place: processes building at once each write their own file
+        handle, aside = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(handle)
+        try:
+            subprocess.run([compiler, *flags, SOURCE, "-o", aside], check=True, capture_output=True, timeout=120)
+            os.replace(aside, path)
+        except subprocess.CalledProcessError as error:
+            raise OSError(f"{compiler} failed: {error.stderr.decode(errors='replace').strip()[:300]}") from None
+        finally:
+            if os.path.exists(aside):
+                os.remove(aside)
+    library = ctypes.CDLL(path)
+    pointer, i64 = ctypes.c_void_p, ctypes.c_int64
+    library.block_gemv.argtypes = [pointer, i64, i64, pointer, pointer, pointer, ctypes.c_int, ctypes.c_float, i64, i64, pointer, ctypes.c_int]
+    library.block_gemv.restype = ctypes.c_int
+    return library

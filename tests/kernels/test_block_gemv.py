@@ -1,0 +1,108 @@
+"""`block_gemv`, torch's CPU kernel for a decoding step's packed products (docs/decisions.md item 136),
+against a float64 product of `gguf.quants.dequantize`: every packed type, every tile of rows of x
+(1-4 at a time, and a remainder), its plain-C path (a build without AVX2 and FMA, as on a CPU that
+lacks them), and `block_linear` choosing it only where it applies."""
+
+import numpy as np
+import pytest
+from backend_utils import BACKEND
+
+if BACKEND != "torch":
+    pytest.skip("block_gemv is torch's CPU kernel", allow_module_level=True)
+gguf = pytest.importorskip("gguf")
+
+import torch  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from attnkit.kernels.quantized import PACKED_TYPES, block_gemv, block_linear, repack  # noqa: E402
+from attnkit.kernels.quantized.gguf_blocks import dequantize_numpy  # noqa: E402
+
+N, K = 40, 512  # K: two Q4_K / Q6_K super-blocks
+
+
+def packed(type_name, seed):
+    """(BlockWeights, its float64 dequantization (N, K)) from blocks gguf writes, or random K-quant blocks."""
+    rng = np.random.default_rng(seed)
+    kind = gguf.GGMLQuantizationType[type_name]
+    try:
+        raw = gguf.quants.quantize(rng.standard_normal((N, K)).astype(np.float32), kind)
+    except NotImplementedError:  # gguf cannot quantize K-quants: random blocks with finite float16 scales
+        block, size = gguf.constants.GGML_QUANT_SIZES[kind]
+        raw = rng.integers(0, 256, (N, K // block * size), dtype=np.uint8)
+        halves = {"Q4_K": (0, 2), "Q6_K": (208,)}[type_name]
+        for b in range(K // block):
+            for h in halves:
+                raw[:, b * size + h : b * size + h + 2] = np.frombuffer(
+                    rng.uniform(0.01, 0.1, N).astype(np.float16).tobytes(), np.uint8
+                ).reshape(N, 2)
+    weights = repack(raw, type_name, (N, K))
+    return weights, dequantize_numpy(weights).astype(np.float64)
+
+
+def tensors(weights):
+    offset = None if weights.offset is None else torch.from_numpy(weights.offset)
+    return torch.from_numpy(weights.values), torch.from_numpy(weights.scale), offset
+
+
+def layout(weights):
+    return dict(bits=weights.bits, zero=weights.zero, group=weights.group, shape=weights.shape)
+
+
+def assert_float32_product(y, x, reference):
+    expected = x.astype(np.float64) @ reference.T
+    bound = 1e-5 * (np.abs(x) @ np.abs(reference).T) + 1e-6  # float32 accumulation, as block_linear's
+    assert np.all(np.abs(y - expected) <= bound), np.max(np.abs(y - expected) / bound)
+
+
+@pytest.mark.parametrize("type_name", PACKED_TYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 32])
+def test_block_gemv_equals_the_float64_product(type_name, rows):
+    weights, reference = packed(type_name, seed=rows)
+    x = np.random.default_rng(rows + 100).standard_normal((rows, K)).astype(np.float32)
+    y = block_gemv.block_gemv(torch.from_numpy(x), *tensors(weights), **layout(weights)).numpy()
+    assert y.shape == (rows, N) and y.dtype == np.float32
+    assert_float32_product(y, x, reference)
+
+
+@pytest.mark.parametrize("type_name", PACKED_TYPES)
+def test_the_plain_c_path_of_a_cpu_without_avx2_gives_the_same_products(type_name):
+    library = block_gemv.build(("-O2", "-mno-avx2", "-mno-fma", "-fopenmp", "-shared", "-fPIC"))
+    weights, reference = packed(type_name, seed=7)
+    x = np.random.default_rng(8).standard_normal((6, K)).astype(np.float32)
+    y = block_gemv.block_gemv(torch.from_numpy(x), *tensors(weights), **layout(weights), library=library).numpy()
+    assert_float32_product(y, x, reference)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 12), threads=st.integers(1, 3), type_name=st.sampled_from(PACKED_TYPES), scale=st.floats(1e-3, 1e3))
+def test_rows_are_independent_of_the_batch_and_the_threads(rows, threads, type_name, scale):
+    """Each row of y is its row of x times W^T whatever the other rows and the thread count: a batch of
+    decoding streams gives each stream what it would get alone."""
+    weights, _ = packed(type_name, seed=3)
+    x = torch.from_numpy(np.random.default_rng(rows).standard_normal((rows, K)).astype(np.float32) * scale)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = block_gemv.block_gemv(x, *tensors(weights), **layout(weights))
+        alone = torch.cat([block_gemv.block_gemv(x[i : i + 1], *tensors(weights), **layout(weights)) for i in range(rows)])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(together, alone)
+
+
+def test_block_linear_uses_the_kernel_for_few_rows_and_the_gemm_beyond(monkeypatch):
+    weights, reference = packed("Q4_1", seed=5)
+    calls = []
+    kernel = block_gemv.block_gemv
+    monkeypatch.setattr(block_gemv, "block_gemv", lambda *a, **k: calls.append(a[0].shape[0]) or kernel(*a, **k))
+    bias = np.random.default_rng(6).standard_normal(N).astype(np.float32)
+    for shape in [(1, 1, K), (4, 8, K), (3, 11, K)]:  # 1 and 32 rows: the kernel; 33: dequantize then GEMM
+        x = np.random.default_rng(shape[1]).standard_normal(shape).astype(np.float32)
+        y = block_linear(torch.from_numpy(x), *tensors(weights), torch.from_numpy(bias), **layout(weights)).numpy()
+        assert y.shape == (*shape[:-1], N)
+        assert_float32_product(y.reshape(-1, N) - bias, x.reshape(-1, K), reference)
+    assert calls == [1, 32]
+    with torch.enable_grad():  # autograd: the GEMM path, which has a gradient
+        x = torch.randn(1, K, requires_grad=True)
+        block_linear(x, *tensors(weights), **layout(weights)).sum().backward()
+    assert calls == [1, 32] and x.grad is not None
