@@ -36,9 +36,10 @@ def _blocks(weights, type_name, rng):
         return raw.reshape(weights.shape[0], -1)
 
 
-def write_llama(path, attention_type, feed_forward_type, seed=0):
+def write_llama(path, attention_type, feed_forward_type, embedding_type=None, seed=0):
     """A 2-layer llama GGUF (byte-level tokenizer of the 256 bytes, tied embeddings) with its attention
-    projections in `attention_type` and its feed-forward ones in `feed_forward_type`."""
+    projections in `attention_type`, its feed-forward ones in `feed_forward_type` and its token
+    embeddings in `embedding_type` (None: float32)."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     for name, value in dict(block_count=LAYERS, context_length=64, embedding_length=D, feed_forward_length=D_FF,
@@ -49,7 +50,11 @@ def write_llama(path, attention_type, feed_forward_type, seed=0):
     writer.add_token_types([1] * V)
     writer.add_token_merges([])
     writer.add_eos_token_id(V - 1)
-    writer.add_tensor("token_embd.weight", rng.standard_normal((V, D)).astype(np.float32))
+    embeddings = rng.standard_normal((V, D)).astype(np.float32)
+    if embedding_type is None:
+        writer.add_tensor("token_embd.weight", embeddings)
+    else:
+        writer.add_tensor("token_embd.weight", _blocks(embeddings, embedding_type, rng), raw_dtype=GGMLQuantizationType[embedding_type])
     writer.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(D)).astype(np.float32))
     shapes = {"attn_q": (H * D // H, D), "attn_k": (H_KV * D // H, D), "attn_v": (H_KV * D // H, D), "attn_output": (D, D),
               "ffn_gate": (D_FF, D), "ffn_up": (D_FF, D), "ffn_down": (D, D_FF)}
@@ -67,7 +72,8 @@ def write_llama(path, attention_type, feed_forward_type, seed=0):
     return str(path)
 
 
-FILES = {"Q8_0": ("Q8_0", "Q8_0"), "Q4_0": ("Q4_0", "Q4_0"), "Q4_1": ("Q4_1", "Q4_1"), "K": ("Q4_K", "Q6_K")}
+# Q8_0 and Q4_1: quantized tied embeddings, as SmolLM2's file (the output reads their blocks: item 137)
+FILES = {"Q8_0": ("Q8_0", "Q8_0", "Q8_0"), "Q4_0": ("Q4_0", "Q4_0"), "Q4_1": ("Q4_1", "Q4_1", "Q8_0"), "K": ("Q4_K", "Q6_K")}
 
 
 @pytest.fixture(scope="module", params=list(FILES))
@@ -109,7 +115,8 @@ def test_decoding_steps_run_the_packed_kernel(loaded, monkeypatch):
     monkeypatch.setattr(block_gemv, "block_gemv", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     _, _, packed_lm = loaded
     packed_lm.generate_ids([[5, 6, 7]], max_new_tokens=2, stop_tokens=[])
-    assert len(calls) >= 2 * LAYERS * 7  # every projection of every step after the prefill (and the prefill)
+    # every projection of the prefill and the step after it, and the output's where it holds blocks
+    assert len(calls) == 2 * (LAYERS * 7 + (packed_lm.model.lm_head is not None))
 
 
 def test_packed_model_holds_the_packed_bytes(loaded):
@@ -119,8 +126,13 @@ def test_packed_model_holds_the_packed_bytes(loaded):
     bits = {"Q8_0": 9, "Q4_0": 5, "Q4_1": 6}  # values + float32 scale (+ offset) per 32
     expected = 4 * floats + (projections * bits[name] / 8 if name in bits else
                              LAYERS * (3 * D * D) * 6 / 8 + LAYERS * 3 * D * D_FF * 10 / 8)  # Q4_K attention, Q6_K ffn
-    assert packed_bytes(packed_lm.model) == expected
+    tied_blocks = len(FILES[name]) == 3  # the tied output held as the embeddings' Q8_0 blocks too (item 137)
+    assert packed_bytes(packed_lm.model) == expected + (V * D * 9 / 8 if tied_blocks else 0)
     assert packed_bytes(float_lm.model) == 4 * (floats + projections)
+    assert float_lm.model.lm_head is None  # the file's output is tied
+    assert (packed_lm.model.lm_head is not None) == tied_blocks
+    if tied_blocks:
+        assert packed_lm.model.lm_head.block_type == "Q8_0"
     assert {layer.quantization_mode for layer in _projections(packed_lm.model)} == ({"int8"} if name == "Q8_0" else {"int4"} if name != "K" else {"int4", "int8"})
 
 

@@ -13,7 +13,7 @@ Legend: V vocabulary, n layers, h / h_kv heads, d_k per-head width.
 import numpy as np
 
 from attnkit.checkpoints.families.decoders import GGUF_ARCHITECTURES
-from attnkit.kernels.quantized import repack
+from attnkit.kernels.quantized import PACKED_TYPES, repack
 
 # GGUF architectures attnkit builds, and whether W_q / W_k are stored permuted (llama.cpp's converter
 # permutes them for "llama" only): from the family files (docs/decisions.md item 101).
@@ -52,6 +52,10 @@ def read_gguf(path, keep_packed=False):
     `keep_packed`: the projections' quantized tensors are returned as `BlockWeights` (their blocks
     repacked exactly, not dequantized: docs/decisions.md item 125); a type attnkit cannot keep packed
     is refused by name. float tensors, the embeddings and the norms are float32 arrays either way.
+    A tied output (no output.weight) whose token_embd is of a type kept packed becomes an untied
+    lm_head holding token_embd's blocks, the embeddings a float32 copy of the same values: a
+    decoding step then reads the packed blocks for the vocabulary's product, not 4 bytes a weight
+    (docs/decisions.md item 137).
 
     Returns:
         (config, weights, tokenizer_info): a Hugging Face-style config dict (model_type, sizes,
@@ -140,6 +144,9 @@ def read_gguf(path, keep_packed=False):
             heads = h if ".attn_q." in tensor.name else h_kv
             array = array.take_rows(unpermute(np.arange(array.shape[0])[:, None], heads)[:, 0]) if packed else unpermute(array, heads)
         weights[name] = array
+        if keep_packed and config["tie_word_embeddings"] and tensor.name == "token_embd.weight" and tensor.tensor_type.name in PACKED_TYPES:
+            weights["lm_head.weight"] = _packed(tensor, path)  # the same weights, dequantized in the product
+            config["tie_word_embeddings"] = False
     tokenizer_info = {
         "model": value("tokenizer.ggml.model"), "pre": value("tokenizer.ggml.pre", "default"), "tokens": tokens,
         "merges": value("tokenizer.ggml.merges"), "token_type": value("tokenizer.ggml.token_type"),
