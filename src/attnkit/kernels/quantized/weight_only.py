@@ -1,0 +1,53 @@
+"""Float weights quantized into `BlockWeights` (docs/decisions.md item 138): what `--dtype int8` and
+`--dtype int4` hold, in the layout the block kernels read (the same as a GGUF file's kept blocks).
+
+    int8: one group per row (group = K), symmetric:  s_n = max_k |W[n, k]| / 127,
+          q = round(W / s_n) in -127..127,            W ~ s_n q
+    int4: groups of 32 inputs, with a minimum (Q4_1's form, better than a symmetric 4-bit scale for
+          the skewed groups of real weights):  s_g = (max_g - min_g) / 15,
+          q = round((W - min_g) / s_g) in 0..15,      W ~ s_g q + min_g
+
+All in float64, then scales and offsets stored as float32: a weight's error is at most half a step,
+s / 2 (tests/kernels/test_weight_only.py). A row (int8) or group (int4) of zeros gets scale 1.
+
+Legend: N outputs, K inputs, G = K / group.
+"""
+
+import numpy as np
+
+from attnkit.kernels.quantized.gguf_blocks import BlockWeights
+
+INT4_GROUP = 32  # inputs per int4 scale and minimum: llama.cpp's Q4 group, the nibble layout's
+
+
+def quantize_int8(weights):
+    """W (N, K) float -> `BlockWeights` ("int8": int8 values (N, K), float32 scale (N, 1))."""
+    w = np.asarray(weights, np.float64)
+    n, k = w.shape
+    scale = np.max(np.abs(w), axis=1, keepdims=True) / 127.0  # (N, 1)
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale.astype(np.float64)), -127, 127).astype(np.int8)  # (N, K)
+    return BlockWeights("int8", 8, q, scale, None, 0, k, (n, k))
+
+
+def quantize_int4(weights):
+    """W (N, K) float, K a multiple of 32 -> `BlockWeights` ("int4": uint8 nibbles (N, K / 2), float32
+    scale and minimum (N, G)).
+
+    Raises:
+        ValueError: K not a multiple of INT4_GROUP.
+    """
+    w = np.asarray(weights, np.float64)
+    n, k = w.shape
+    if k % INT4_GROUP:
+        raise ValueError(f"int4 groups of {INT4_GROUP} inputs need K a multiple of {INT4_GROUP}. Received: W of shape {(n, k)}")
+    groups = w.reshape(n, k // INT4_GROUP, INT4_GROUP)  # (N, G, 32)
+    low, high = groups.min(axis=-1), groups.max(axis=-1)  # (N, G)
+    scale = (high - low) / 15.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    offset = low.astype(np.float32)
+    q = np.rint((groups - offset[..., None].astype(np.float64)) / scale[..., None].astype(np.float64))
+    q = np.clip(q, 0, 15).astype(np.uint8)  # (N, G, 32)
+    # element i in the low nibble of byte i, element i + 16 in its high nibble (gguf_blocks' layout)
+    packed = q[..., :16] | (q[..., 16:] << 4)  # (N, G, 16)
+    return BlockWeights("int4", 4, packed.reshape(n, k // 2), scale, offset, 0, INT4_GROUP, (n, k))
