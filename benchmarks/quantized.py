@@ -6,9 +6,9 @@ llama.cpp / CTranslate2 when they are installed (`make bench`; issue 41, docs/de
 Rows: decode tokens/s, prefill tokens/s and time to the first token per dtype ("gguf": the file's
 blocks kept packed; "int8" / "int4": Keras's weight-only quantization) and batch. The ceiling of a
 decoding step is the bandwidth (torch.mv over 256 MB of float32, measured in this run) over the bytes of
-the model's weights, all read once a step: tokens/s <= batch x bandwidth / bytes. Each row gives its
+the weights a step reads (all, less an untied model's embedding table), all read once a step: tokens/s <= batch x bandwidth / bytes. Each row gives its
 fraction of it. llama.cpp (`llama_cpp`, same GGUF file) and CTranslate2 (int8, from the file
-dequantized through transformers) rows are anchors, skipped when absent. --quick: a tiny random
+dequantized into a float32 HF directory) rows are anchors, skipped when absent. --quick: a tiny random
 model, to check the script runs.
 """
 
@@ -48,6 +48,18 @@ def bfloat16_products():
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def step_bytes(model):
+    """Bytes a decoding step reads: every variable, less the embedding table where the output does not
+    read it (an untied `lm_head`: the step reads only its tokens' rows)."""
+    import numpy as np
+
+    from attnkit.layers.block_quantized import packed_bytes
+
+    table = model.embedding.embeddings
+    unread = 0 if model.lm_head is None else int(np.prod(table.shape)) * {"bfloat16": 2, "float16": 2}.get(table.dtype, 4)
+    return packed_bytes(model) - unread
 
 
 def tiny_gguf(path):
@@ -117,22 +129,40 @@ def llama_cpp_generate(path, threads):
 
 
 def ctranslate2_generate(path, threads):
-    """CTranslate2 int8 greedy generation from the GGUF file dequantized through transformers, or None."""
+    """CTranslate2 int8 greedy generation from the GGUF file dequantized (a float32 HF directory converted), or None."""
     try:
         import ctranslate2
         import transformers
     except ImportError:
         return None
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from attnkit.checkpoints.formats.gguf import read_gguf
+    from attnkit.pipelines.causal_checkpoint import load_causal_lm
+
     directory, out = tempfile.mkdtemp(), tempfile.mkdtemp()
-    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    # transformers 5 keeps a GGUF file's blocks and will not save them: the float32 Hugging Face
+    # directory is written from the file's dequantized weights (attnkit's reader, HF names)
+    config, weights, info = read_gguf(path)
+    save_file({name: np.ascontiguousarray(w) for name, w in weights.items()}, os.path.join(directory, "model.safetensors"))
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[config["model_type"]]
+        json.dump({**config, "architectures": [architecture], "torch_dtype": "float32"}, f)
+    # the tokenizer attnkit reads from the file (transformers' GGUF tokenizer wants fields SmolLM2's lacks)
+    tokenizer = load_causal_lm(path, dtype="gguf").tokenizer
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        special = {f"{role}_token": info["tokens"][info[f"{role}_token_id"]] for role in ("bos", "eos", "unk")
+                   if info.get(f"{role}_token_id") is not None}  # CTranslate2's converter needs them named
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **special}, f)
     ctranslate2.converters.TransformersConverter(directory).convert(out, quantization="int8", force=True)
     generator = ctranslate2.Generator(out, device="cpu", intra_threads=threads, compute_type="int8")
 
     def generate(prompts, n):
-        tokens = [[str(t) for t in tokenizer.convert_ids_to_tokens(p)] for p in prompts]
+        tokens = [[tokenizer.id_to_token(t) for t in p] for p in prompts]
         generator.generate_batch(tokens, max_length=n, min_length=n, sampling_topk=1, include_prompt_in_result=False)
 
     return generate
@@ -154,7 +184,6 @@ def main():
     from peak import cpu_description
     from timing import markdown_table
 
-    from attnkit.layers.block_quantized import packed_bytes
     from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
 
     torch.set_num_threads(args.threads)
@@ -178,7 +207,7 @@ def main():
         for batch in batches:
             prompts = np.random.default_rng(0).integers(3, lm.model.vocab_size, (batch, prompt_len)).tolist()
             first, step = timed(lambda p, n: lm.generate_ids(p, max_new_tokens=n, stop_tokens=[]), prompts, new, rounds)
-            row(f"attnkit {args.backend}", dtype, batch, packed_bytes(lm.model), first, step)
+            row(f"attnkit {args.backend}", dtype, batch, step_bytes(lm.model), first, step)
         del lm
     file_bytes = os.path.getsize(path)
     for engine, dtype, make in (("llama.cpp", "file's blocks", llama_cpp_generate), ("CTranslate2", "int8", ctranslate2_generate)):
