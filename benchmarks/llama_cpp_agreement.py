@@ -6,11 +6,15 @@ Both engines get the same prompt ids (attnkit's tokenizer and chat template) and
 llama.cpp rounds the activations to 8 bits in its products (Q8_1 blocks against the weights' Q4_1);
 attnkit multiplies unrounded float32 activations with the same weights (docs/decisions.md item 136),
 so the two can part where two tokens' logits are nearly tied. Per prompt: the tokens equal before
-the first difference, and whether all are; then the totals. Skipped when llama_cpp is not installed.
+the first difference, whether all are, and the exact (float32, file dequantized) top-2 logit margin
+where they part; then the totals, and how many prompts attnkit's tokens equal the dequantized
+float32 model's. Skipped when llama_cpp is not installed.
 """
 
 import argparse
 import os
+
+import numpy as np
 
 PROMPTS = [
     "What is the capital of France?",
@@ -55,11 +59,13 @@ def main():
     torch.set_num_threads(args.threads)
     path = args.path or default_causal_lm_path()
     lm = load_causal_lm(path, dtype=args.dtype)
+    dequantized = load_causal_lm(path, dtype="float32")  # the file's weights dequantized: the exact product
     llm = llama_cpp.Llama(model_path=path, n_threads=args.threads, n_ctx=1024, verbose=False)
-    same_prefix, identical, rows = 0, 0, []
+    same_prefix, identical, exact, rows = 0, 0, 0, []
     for prompt in PROMPTS:
         ids = lm.chat_ids([{"role": "user", "content": prompt}])
         ours = lm.generate_ids([ids], max_new_tokens=args.new, stop_tokens=[], temperature=0)[0]  # new ids only
+        exact += ours == dequantized.generate_ids([ids], max_new_tokens=args.new, stop_tokens=[], temperature=0)[0]
         llm.reset()
         theirs = []
         for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
@@ -69,12 +75,22 @@ def main():
         agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
         same_prefix += agree
         identical += ours == theirs
-        rows.append(f"| {prompt[:48]} | {agree} / {args.new} | {'yes' if ours == theirs else 'no'} |")
+        margin = _first_margin(dequantized, ids + theirs[:agree]) if agree < len(theirs) else None
+        rows.append(f"| {prompt[:48]} | {agree} / {args.new} | {'yes' if ours == theirs else 'no'} | "
+                    f"{'-' if margin is None else f'{margin:.3f}'} |")
     print(f"attnkit {args.dtype} against llama.cpp, {os.path.basename(path)}, greedy, {args.new} new tokens a prompt")
-    print("| prompt | tokens equal before the first difference | identical |\n|---|---|---|")
+    print("| prompt | tokens equal before the first difference | identical | exact top-2 logit margin there |\n|---|---|---|---|")
     print("\n".join(rows))
     print(f"identical: {identical} / {len(PROMPTS)} prompts; tokens equal before the first difference: "
           f"{same_prefix} / {args.new * len(PROMPTS)} ({same_prefix / (args.new * len(PROMPTS)):.0%})")
+    print(f"attnkit {args.dtype} equal to the file dequantized to float32: {exact} / {len(PROMPTS)} prompts")
+
+
+def _first_margin(lm, ids):
+    """The gap between the two largest float32 logits after `ids`: where the engines part, how close the
+    exact product's top two tokens were."""
+    logits = np.sort(lm.logits(ids)[0, -1])
+    return float(logits[-1] - logits[-2])
 
 
 if __name__ == "__main__":
