@@ -106,3 +106,38 @@ def test_block_linear_uses_the_kernel_for_few_rows_and_the_gemm_beyond(monkeypat
         x = torch.randn(1, K, requires_grad=True)
         block_linear(x, *tensors(weights), **layout(weights)).sum().backward()
     assert calls == [1, 32] and x.grad is not None
+
+
+@pytest.mark.parametrize("rows, k", [(1, 576), (3, 40), (8, 1536), (32, 17)])
+@pytest.mark.parametrize("plain", [False, True])
+def test_bfloat16_gemv_multiplies_the_exact_widened_weights_in_float32(rows, k, plain):
+    """bfloat16 W widened exactly, float32 sums: within float32 accumulation of the float64 product of
+    the same bfloat16 values (decision 139); K not a multiple of 16 takes the tail loop."""
+    library = block_gemv.build(("-O2", "-mno-avx2", "-mno-fma", "-fopenmp", "-shared", "-fPIC")) if plain else None
+    rng = np.random.default_rng(rows + k)
+    w = torch.from_numpy(rng.standard_normal((N, k)).astype(np.float32)).bfloat16()
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
+    y = block_gemv.bfloat16_gemv(x, w, library=library).numpy()
+    assert_float32_product(y, x.numpy(), w.double().numpy())
+
+
+def test_torch_linear_runs_bfloat16_decoding_rows_in_the_kernel_where_the_cpu_has_no_bfloat16_products(monkeypatch):
+    from attnkit.kernels import onednn
+    from attnkit.kernels.linear import torch_linear
+
+    calls = []
+    kernel = block_gemv.bfloat16_gemv
+    monkeypatch.setattr(block_gemv, "bfloat16_gemv", lambda *a, **k: calls.append(a[0].shape[0]) or kernel(*a, **k))
+    rng = np.random.default_rng(0)
+    w = torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32)).bfloat16()  # Keras's (d_in, d_out)
+    b = torch.from_numpy(rng.standard_normal(N).astype(np.float32)).bfloat16()
+    for shape, activation in [((1, 1, K), None), ((2, 3, K), "relu"), ((4, 8, K), "gelu"), ((33, K), None)]:
+        x = torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).bfloat16()
+        y = torch_linear(x, w, b, activation)
+        # the float32 path's arithmetic: exact casts, float32 products, the activation, one rounding
+        expected = x.double() @ w.double() + b.double()
+        expected = torch.relu(expected) if activation == "relu" else torch.nn.functional.gelu(expected) if activation else expected
+        assert y.dtype == torch.bfloat16 and y.shape == (*shape[:-1], N)
+        bound = 2.0**-8 * expected.abs() + 1e-5 * (x.double().abs() @ w.double().abs()) + 1e-6
+        assert torch.all((y.double() - expected).abs() <= bound)
+    assert calls == ([] if onednn.native_half(torch.bfloat16) else [1, 6, 32])

@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from attnkit.kernels import kept, onednn, products, tensor_checks
+from attnkit.kernels.quantized import block_gemv
 
 
 def times_transposed(x, weight, pack=True):
@@ -152,6 +153,19 @@ def torch_linear(x, kernel, bias, activation=None, pack=True):
     import torch.nn.functional as F
 
     weight = kernel.t()  # (d_out, d_in), torch.nn.Linear's layout, as a view
+    if _bfloat16_decoding_rows(x, weight, bias):
+        # A decoding step's few rows on a CPU without bfloat16 products: the kept (d_out, d_in)
+        # bfloat16 weight read once and widened in registers (`block_gemv.bfloat16_gemv`); the same
+        # arithmetic as the float32 path below, exact casts and one rounding (decision 139).
+        d_in, d_out = kernel.shape
+        y = block_gemv.bfloat16_gemv(x.reshape(-1, d_in).float(), onednn.row_major(kernel))  # (rows, d_out) float32
+        if bias is not None:
+            y += bias.float()
+        if activation == "relu":
+            torch.relu_(y)
+        elif activation == "gelu":
+            y = F.gelu(y)
+        return y.to(x.dtype).reshape(*x.shape[:-1], d_out)
     if onednn.half_as_float32(x, weight, bias):
         # Half-precision factors multiply exactly in float32, and oneDNN's half-precision kernels
         # accumulate in float32 and round once: the same arithmetic, on a CPU without those kernels.
@@ -185,3 +199,16 @@ def torch_linear(x, kernel, bias, activation=None, pack=True):
     if activation == "gelu":
         return F.gelu(y)
     return y
+
+
+def _bfloat16_decoding_rows(x, weight, bias):
+    """Whether `torch_linear` runs `block_gemv.bfloat16_gemv`: bfloat16 CPU operands (the bias too, or
+    none), 1 to `block_gemv.MAX_ROWS` rows, no autograd, no oneDNN bfloat16 kernels, the kernel built."""
+    import torch
+
+    if not (x.dtype == weight.dtype == torch.bfloat16 and x.device.type == "cpu" and weight.device.type == "cpu"):
+        return False
+    if (bias is not None and bias.dtype != torch.bfloat16) or x.dim() < 1 or tensor_checks.records_graph(x, weight, bias):
+        return False
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return 0 < rows <= block_gemv.MAX_ROWS and not onednn.native_half(torch.bfloat16) and block_gemv.available()

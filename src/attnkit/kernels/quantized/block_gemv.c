@@ -7,6 +7,9 @@
  * (N, K / 2) when bits == 4, each group of 32 in 16 bytes, element i in the low nibble of byte i and
  * element i + 16 in its high nibble.  scale, offset: float32 (N, K / group); offset may be NULL.
  *
+ * bfloat16_gemv: the same for a bfloat16 W (N, K) on a CPU without bfloat16 products: each weight
+ * widened exactly to float32 in registers (16 bits shifted up), float32 products and sums.
+ *
  * Each weight is dequantized once per tile of up to TILE rows of x and multiplied in float32: no
  * rounding of the activations (llama.cpp rounds them to 8 bits), so y differs from a float64
  * x W^T only by float32 accumulation.  Rows n are shared among the threads (OpenMP: torch's own
@@ -147,4 +150,61 @@ int block_gemv(const float *x, int64_t M, int64_t K, const uint8_t *values, cons
     }
     free(xsum);
     return 0;
+}
+
+/* y (M, N) = x (M, K) W^T for W bfloat16 (N, K), as raw 16-bit patterns */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __attribute__((always_inline)) void bf16_row_avx2(const float *x, int64_t K, const int t, const uint16_t *w,
+                                                                float *out) {
+    __m256 acc[TILE][2];
+    for (int m = 0; m < t; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k))), 16));
+        const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + k + 8))), 16));
+        for (int m = 0; m < t; m++) {
+            acc[m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * K + k), acc[m][0]);
+            acc[m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * K + k + 8), acc[m][1]);
+        }
+    }
+    for (int m = 0; m < t; m++) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
+    for (; k < K; k++) { /* the last K % 16 inputs */
+        uint32_t bits = (uint32_t)w[k] << 16;
+        float wk;
+        memcpy(&wk, &bits, 4);
+        for (int m = 0; m < t; m++) out[m] += wk * x[m * K + k];
+    }
+}
+#endif
+
+static void bf16_row_plain(const float *x, int64_t K, int t, const uint16_t *w, float *out) {
+    for (int m = 0; m < t; m++) out[m] = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+        uint32_t bits = (uint32_t)w[k] << 16;
+        float wk;
+        memcpy(&wk, &bits, 4);
+        for (int m = 0; m < t; m++) out[m] += wk * x[m * K + k];
+    }
+}
+
+void bfloat16_gemv(const float *x, int64_t M, int64_t K, const uint16_t *weight, int64_t N, float *y, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const uint16_t *w = weight + n * K;
+        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+            const int t = M - m0 < TILE ? (int)(M - m0) : TILE;
+            float out[TILE];
+#if defined(__AVX2__) && defined(__FMA__)
+            switch (t) {
+            case 1: bf16_row_avx2(x + m0 * K, K, 1, w, out); break;
+            case 2: bf16_row_avx2(x + m0 * K, K, 2, w, out); break;
+            case 3: bf16_row_avx2(x + m0 * K, K, 3, w, out); break;
+            default: bf16_row_avx2(x + m0 * K, K, 4, w, out); break;
+            }
+#else
+            bf16_row_plain(x + m0 * K, K, t, w, out);
+#endif
+            for (int m = 0; m < t; m++) y[(m0 + m) * N + n] = out[m];
+        }
+    }
 }

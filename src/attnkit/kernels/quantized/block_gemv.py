@@ -66,6 +66,25 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, library=No
     return y
 
 
+def bfloat16_gemv(x, weight, library=None):
+    """x (M, K) float32 CPU tensor times W^T for W bfloat16 (N, K), contiguous -> (M, N) float32: each
+    weight widened exactly, float32 products and sums (a CPU without bfloat16 products; decision 139).
+
+    Raises:
+        RuntimeError: the kernel is not available (check `available()` first).
+    """
+    import torch
+
+    library = library or _load()
+    if library is None:
+        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    x, weight = x.contiguous(), weight.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    y = torch.empty((m, n), dtype=torch.float32)
+    library.bfloat16_gemv(x.data_ptr(), m, k, weight.data_ptr(), n, y.data_ptr(), torch.get_num_threads())
+    return y
+
+
 def _load():
     global _library
     if _library is None:
@@ -120,4 +139,6 @@ def build(flags=FLAGS):
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     library.block_gemv.argtypes = [pointer, i64, i64, pointer, pointer, pointer, ctypes.c_int, ctypes.c_float, i64, i64, pointer, ctypes.c_int]
     library.block_gemv.restype = ctypes.c_int
+    library.bfloat16_gemv.argtypes = [pointer, i64, i64, pointer, i64, pointer, ctypes.c_int]
+    library.bfloat16_gemv.restype = None
     return library
