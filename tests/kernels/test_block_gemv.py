@@ -141,3 +141,29 @@ def test_torch_linear_runs_bfloat16_decoding_rows_in_the_kernel_where_the_cpu_ha
         bound = 2.0**-8 * expected.abs() + 1e-5 * (x.double().abs() @ w.double().abs()) + 1e-6
         assert torch.all((y.double() - expected).abs() <= bound)
     assert calls == ([] if onednn.native_half(torch.bfloat16) else [1, 6, 32])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_an_infinity_in_x_gives_the_products_infinities_not_nan(type_name):
+    """The kernel's factored sums would give 0 * inf = NaN where a weight's integer is 0 but its value
+    is not (an offset, Q4_0's zero point): those calls take the dequantized product instead."""
+    weights, reference = packed(type_name, seed=11)
+    x = np.random.default_rng(12).standard_normal((2, K)).astype(np.float32)
+    x[0, 5] = np.inf
+    y = block_linear(torch.from_numpy(x), *tensors(weights), **layout(weights)).numpy()
+    with np.errstate(invalid="ignore"):
+        expected = x.astype(np.float64) @ reference.T
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(expected))
+    assert np.isinf(y[0]).sum() > 0 and np.all(np.isfinite(y[1]))
+
+
+def test_x_of_another_dtype_is_multiplied_as_its_float32_cast_and_the_kernel_refuses_it():
+    weights, reference = packed("Q4_1", seed=13)
+    x = np.random.default_rng(14).standard_normal((1, K))
+    y = block_linear(torch.from_numpy(x), *tensors(weights), **layout(weights)).numpy()  # float64 x
+    assert_float32_product(y, x.astype(np.float32), reference)
+    ones = block_linear(torch.ones((1, K), dtype=torch.int32), *tensors(weights), **layout(weights)).numpy()
+    assert_float32_product(ones, np.ones((1, K), np.float32), reference)
+    with pytest.raises(TypeError, match=r"block_gemv multiplies float32 x .* Received: x torch.float64"):
+        block_gemv.block_gemv(torch.from_numpy(x), *tensors(weights), **layout(weights))

@@ -68,3 +68,11 @@ def test_int4_on_a_width_that_is_not_whole_groups_falls_to_keras_int4(tmp_path):
     ids = np.arange(12, dtype="int32").reshape(2, 6)
     expected, ours = to_numpy(float_lm.model(ids)), to_numpy(lm.model(ids))
     assert 0 < np.abs(ours - expected).max() < 0.25 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("quantize", [quantize_int8, quantize_int4])
+def test_non_finite_weights_are_refused_naming_the_weight(quantize):
+    w = np.ones((2, 32), np.float32)
+    w[1, 3] = np.nan
+    with pytest.raises(ValueError, match=r"layer/W_q holds 1 NaN or infinite weights \(the first at \(1, 3\)\)"):
+        quantize(w, "layer/W_q")

@@ -36,10 +36,10 @@ def _blocks(weights, type_name, rng):
         return raw.reshape(weights.shape[0], -1)
 
 
-def write_llama(path, attention_type, feed_forward_type, embedding_type=None, seed=0):
+def write_llama(path, attention_type, feed_forward_type, embedding_type=None, seed=0, float_roles=()):
     """A 2-layer llama GGUF (byte-level tokenizer of the 256 bytes, tied embeddings) with its attention
     projections in `attention_type`, its feed-forward ones in `feed_forward_type` and its token
-    embeddings in `embedding_type` (None: float32)."""
+    embeddings in `embedding_type` (None: float32); `float_roles` (e.g. "attn_q") stored float32."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     for name, value in dict(block_count=LAYERS, context_length=64, embedding_length=D, feed_forward_length=D_FF,
@@ -62,7 +62,10 @@ def write_llama(path, attention_type, feed_forward_type, embedding_type=None, se
         for role, shape in shapes.items():
             kind = attention_type if role.startswith("attn") else feed_forward_type
             weights = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-            writer.add_tensor(f"blk.{i}.{role}.weight", _blocks(weights, kind, rng), raw_dtype=GGMLQuantizationType[kind])
+            if role in float_roles:  # kept float by the file
+                writer.add_tensor(f"blk.{i}.{role}.weight", weights)
+            else:
+                writer.add_tensor(f"blk.{i}.{role}.weight", _blocks(weights, kind, rng), raw_dtype=GGMLQuantizationType[kind])
         for norm in ("attn_norm", "ffn_norm"):
             writer.add_tensor(f"blk.{i}.{norm}.weight", (1 + 0.1 * rng.standard_normal(D)).astype(np.float32))
     writer.write_header_to_file()
@@ -117,6 +120,18 @@ def test_decoding_steps_run_the_packed_kernel(loaded, monkeypatch):
     packed_lm.generate_ids([[5, 6, 7]], max_new_tokens=2, stop_tokens=[])
     # every projection of the prefill and the step after it, and the output's where it holds blocks
     assert len(calls) == 2 * (LAYERS * 7 + (packed_lm.model.lm_head is not None))
+
+
+@pytest.mark.parametrize("role", ["attn_q", "ffn_up"])
+def test_a_file_keeping_some_projections_float_decodes_as_its_float_load(tmp_path, monkeypatch, role):
+    """A file may store one of q/k/v or gate/up as float (here F32) beside packed ones: each
+    projection is its own product, float or packed."""
+    path = write_llama(tmp_path / "mixed.gguf", "Q8_0", "Q8_0", float_roles=(role,))
+    float_lm, packed_lm = load_causal_lm(path, dtype="float32"), load_causal_lm(path, dtype="gguf")
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    assert packed_lm.generate_ids(prompts, max_new_tokens=6, stop_tokens=[]) == float_lm.generate_ids(prompts, max_new_tokens=6, stop_tokens=[])
+    if BACKEND == "torch":
+        assert_plain_step_equals_layers(packed_lm.model, monkeypatch)
 
 
 def test_packed_model_holds_the_packed_bytes(loaded):

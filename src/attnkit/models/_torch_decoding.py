@@ -68,8 +68,8 @@ class TorchParts:
         self.attend_heads = grouped_query_attention if self.h_kv != self.h else fused_attention
         # float kernels joined side by side; blocks kept packed each as its own product
         self.blocks = any(_holds_blocks(d) for d in (*qkv, *gate_up))
-        if self.blocks:
-            self.W_qkv, self.W_gate_up = [plan.blocks(d) for d in qkv], [plan.blocks(d) for d in gate_up]
+        if self.blocks:  # some hold blocks (a file may keep others float): each its own product
+            self.W_qkv, self.W_gate_up = [plan.product(d) for d in qkv], [plan.product(d) for d in gate_up]
         else:
             self.W_qkv, self.W_qkv_bias = plan.kernels(qkv), plan.biases(qkv)
             self.W_gate_up, self.W_gate_up_bias = plan.kernels(gate_up), plan.biases(gate_up)

@@ -176,9 +176,9 @@ def quantize_projections(model, mode):
             continue
         w = keras.ops.convert_to_numpy(layer.kernel).T  # (N, K)
         if mode == "int8":
-            keep_blocks(layer, quantize_int8(w))
+            keep_blocks(layer, quantize_int8(w, layer.path))
         elif w.shape[1] % INT4_GROUP == 0:
-            keep_blocks(layer, quantize_int4(w))
+            keep_blocks(layer, quantize_int4(w, layer.path))
         else:
             layer.quantize("int4", config=Int4QuantizationConfig(block_size=INT4_GROUP))
 

@@ -15,6 +15,7 @@
  * x W^T only by float32 accumulation.  Rows n are shared among the threads (OpenMP: torch's own
  * libgomp, already loaded, so one thread pool).
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,10 @@ int block_gemv(const float *x, int64_t M, int64_t K, const uint8_t *values, cons
             for (int64_t g = 0; g < G; g++) {
                 float total = 0.0f;
                 for (int64_t i = 0; i < group; i++) total += x[m * K + g * group + i];
+                if (!isfinite(total)) { /* 0 * inf = NaN in the factored sums: block_gemv.py dequantizes */
+                    free(xsum);
+                    return 1;
+                }
                 xsum[m * G + g] = total;
             }
 #pragma omp parallel for num_threads(threads) schedule(static)

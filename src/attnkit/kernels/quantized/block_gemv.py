@@ -36,7 +36,9 @@ def available():
 
 
 def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, library=None):
-    """x (M, K) float32 CPU torch tensor times W^T from packed blocks -> (M, N) float32.
+    """x (M, K) float32 CPU torch tensor times W^T from packed blocks -> (M, N) float32, or None where a
+    group of x sums to an infinity or NaN and W has offsets or a zero point: the factored sums would
+    give NaN where the product is infinite (the caller then dequantizes; NaN in x gives NaN either way).
 
     Args: as `block_matmul.dequantize` (values uint8 (N, K / 2) for bits 4, else int8 (N, K); scale
     and offset float32 (N, G), offset possibly None), as CPU torch tensors.
@@ -52,6 +54,12 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, library=No
     if library is None:
         raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
     n, k = shape
+    expected = torch.uint8 if bits == 4 else torch.int8
+    if x.dtype != torch.float32 or values.dtype != expected or scale.dtype != torch.float32:
+        raise TypeError(
+            f"block_gemv multiplies float32 x by {expected} values with float32 scales. Received: x {x.dtype}, "
+            f"values {values.dtype}, scale {scale.dtype}"
+        )
     x = x.contiguous()
     m = x.shape[0]
     y = torch.empty((m, n), dtype=torch.float32)
@@ -61,9 +69,9 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, library=No
         x.data_ptr(), m, k, values.data_ptr(), scale.data_ptr(), None if offset is None else offset.data_ptr(),
         bits, float(zero), group, n, y.data_ptr(), torch.get_num_threads(),
     )
-    if status != 0:
+    if status == -1:
         raise MemoryError(f"block_gemv could not allocate {m} x {k // group} floats")
-    return y
+    return None if status == 1 else y
 
 
 def bfloat16_gemv(x, weight, library=None):

@@ -63,12 +63,13 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
     holds), the products accumulated in float32 by the backend's own bfloat16 GEMM."""
     dtype = ops.dtype(x) if hasattr(x, "dtype") else "float32"
     dtype = dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
-    if _few_rows_on_cpu(x, values, dtype, group):
+    if _few_rows_on_cpu(x, values, scale, dtype):
         # a decoding step's product: the packed bytes read once, dequantized in registers (block_gemv)
         k = shape[1]
         y = block_gemv.block_gemv(x.reshape(-1, k), values, scale, offset, bits=bits, zero=zero, group=group, shape=shape)
-        y = y.reshape(*x.shape[:-1], shape[0])  # (..., N)
-        return y if bias is None else y + bias
+        if y is not None:  # None: an infinity in x, which the kernel's factored sums would turn into NaN
+            y = y.reshape(*x.shape[:-1], shape[0])  # (..., N)
+            return y if bias is None else y + bias
     w = dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape, dtype=dtype)  # (N, K)
     if keras.backend.backend() == "torch" and ops.is_tensor(x):
         import torch
@@ -80,13 +81,15 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
     return y if bias is None else ops.add(y, ops.cast(bias, dtype))
 
 
-def _few_rows_on_cpu(x, values, dtype, group):
+def _few_rows_on_cpu(x, values, scale, dtype):
     """Whether x W^T goes to `block_gemv`: torch, float32, CPU tensors, at most MAX_ROWS rows of x, outside
     autograd (the kernel has no gradient), and the kernel built."""
     if keras.backend.backend() != "torch" or dtype != "float32" or not ops.is_tensor(x):
         return False
     import torch
 
+    if x.dtype != torch.float32 or scale.dtype != torch.float32:  # float64 / integer x: the GEMM path casts them
+        return False
     if x.device.type != "cpu" or values.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
         return False
     rows = x.numel() // x.shape[-1] if x.ndim else 0

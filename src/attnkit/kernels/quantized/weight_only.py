@@ -20,9 +20,13 @@ from attnkit.kernels.quantized.gguf_blocks import BlockWeights
 INT4_GROUP = 32  # inputs per int4 scale and minimum: llama.cpp's Q4 group, the nibble layout's
 
 
-def quantize_int8(weights):
-    """W (N, K) float -> `BlockWeights` ("int8": int8 values (N, K), float32 scale (N, 1))."""
-    w = np.asarray(weights, np.float64)
+def quantize_int8(weights, name="W"):
+    """W (N, K) float -> `BlockWeights` ("int8": int8 values (N, K), float32 scale (N, 1)).
+
+    Raises:
+        ValueError: a NaN or infinite weight (named by `name`): no integer stands for it.
+    """
+    w = _finite(weights, name)
     n, k = w.shape
     scale = np.max(np.abs(w), axis=1, keepdims=True) / 127.0  # (N, 1)
     scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
@@ -30,14 +34,14 @@ def quantize_int8(weights):
     return BlockWeights("int8", 8, q, scale, None, 0, k, (n, k))
 
 
-def quantize_int4(weights):
+def quantize_int4(weights, name="W"):
     """W (N, K) float, K a multiple of 32 -> `BlockWeights` ("int4": uint8 nibbles (N, K / 2), float32
     scale and minimum (N, G)).
 
     Raises:
-        ValueError: K not a multiple of INT4_GROUP.
+        ValueError: K not a multiple of INT4_GROUP; a NaN or infinite weight.
     """
-    w = np.asarray(weights, np.float64)
+    w = _finite(weights, name)
     n, k = w.shape
     if k % INT4_GROUP:
         raise ValueError(f"int4 groups of {INT4_GROUP} inputs need K a multiple of {INT4_GROUP}. Received: W of shape {(n, k)}")
@@ -51,3 +55,12 @@ def quantize_int4(weights):
     # element i in the low nibble of byte i, element i + 16 in its high nibble (gguf_blocks' layout)
     packed = q[..., :16] | (q[..., 16:] << 4)  # (N, G, 16)
     return BlockWeights("int4", 4, packed.reshape(n, k // 2), scale, offset, 0, INT4_GROUP, (n, k))
+
+
+def _finite(weights, name):
+    w = np.asarray(weights, np.float64)
+    if not np.all(np.isfinite(w)):
+        bad = np.argwhere(~np.isfinite(w))[0]
+        raise ValueError(f"{name} holds {int(np.sum(~np.isfinite(w)))} NaN or infinite weights (the first at {tuple(int(i) for i in bad)}); "
+                         "they cannot be quantized. Received: a checkpoint with non-finite weights")
+    return w
