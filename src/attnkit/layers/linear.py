@@ -12,7 +12,7 @@ import warnings
 
 import keras
 
-from attnkit.kernels.quantized import block_linear
+from attnkit.kernels.quantized import block_linear, dequantize
 from attnkit.ops.linear import linear
 
 # Dense's activation functions that `linear` applies itself (gelu: Keras's default is the exact form).
@@ -44,12 +44,54 @@ class Linear(keras.layers.Dense):
 
     def quantized_call(self, inputs, training=None):
         # GGUF blocks kept packed (`attnkit.layers.block_quantized.keep_blocks`, docs/decisions.md item 127)
-        if getattr(self, "block_format", None) is None:
+        if not holds_blocks(self):
             return super().quantized_call(inputs, training=training)
         offset = None if self.block_offset is None else self.block_offset.value
         bias = None if self.bias is None else self.bias.value
         y = block_linear(inputs, self.block_values.value, self.block_scale.value, offset, bias, **self.block_format)
+        if self.lora_enabled:  # x W + (alpha / r) (x A) B, W's blocks frozen (decision 140)
+            update = keras.ops.matmul(keras.ops.matmul(inputs, self.lora_kernel_a), self.lora_kernel_b)
+            y = y + (self.lora_alpha / self.lora_rank) * keras.ops.cast(update, y.dtype)
         return self.activation(y)
+
+    # Packed blocks as a Dense (decision 140): the kernel they stand for, LoRA, and saving refused.
+
+    @property
+    def kernel(self):
+        """Dense's kernel (d_in, d_out); for packed blocks their dequantization, LoRA's update merged."""
+        if not holds_blocks(self):
+            return super().kernel
+        offset = None if self.block_offset is None else self.block_offset.value
+        w = dequantize(self.block_values.value, self.block_scale.value, offset, **self.block_format)  # (N, K)
+        kernel = keras.ops.transpose(w)  # (K, N)
+        if self.lora_enabled:
+            kernel = kernel + (self.lora_alpha / self.lora_rank) * keras.ops.matmul(self.lora_kernel_a, self.lora_kernel_b)
+        return keras.ops.cast(kernel, self.compute_dtype)
+
+    def enable_lora(self, rank, lora_alpha=None, a_initializer="he_uniform", b_initializer="zeros"):
+        if not holds_blocks(self):
+            return super().enable_lora(rank, lora_alpha, a_initializer, b_initializer)
+        if self.lora_enabled:
+            raise ValueError("lora is already enabled. This can only be done once per layer.")
+        n, k = self.block_format["shape"]
+        self._tracker.unlock()
+        # float32, as Dense's own LoRA weights; the blocks are non-trainable variables already
+        self.lora_kernel_a = self.add_weight(name="lora_kernel_a", shape=(k, rank), initializer=keras.initializers.get(a_initializer), dtype="float32")
+        self.lora_kernel_b = self.add_weight(name="lora_kernel_b", shape=(rank, n), initializer=keras.initializers.get(b_initializer), dtype="float32")
+        self._tracker.lock()
+        self.lora_enabled, self.lora_rank = True, rank
+        self.lora_alpha = lora_alpha if lora_alpha is not None else rank
+
+    def save_own_variables(self, store):
+        if holds_blocks(self):
+            # a composite layer rebuilds its projections from its own arguments, so a reload would
+            # make Keras's quantized kernel, not these blocks: refused rather than half restored
+            raise ValueError(
+                f"`{self.path}` holds packed blocks (a model loaded with dtype 'gguf', 'int8' or 'int4'), which "
+                "a .keras file does not restore. Save the model loaded with dtype 'float32' or 'bfloat16' (then "
+                "`model.quantize('int8')` gives a quantized model that saves), or keep the checkpoint itself"
+            )
+        return super().save_own_variables(store)
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Dense refuses its subclasses, whose `call` may differ; Keras routes a quantized layer to
@@ -73,3 +115,8 @@ def triton_gemm_on_gpu():
     return jax.default_backend() in ("gpu", "cuda", "rocm") and "--xla_gpu_enable_triton_gemm=false" not in os.environ.get(
         "XLA_FLAGS", ""
     )
+
+
+def holds_blocks(dense):
+    """Whether a `Linear` holds packed blocks (`layers.block_quantized.keep_blocks`)."""
+    return getattr(dense, "block_format", None) is not None

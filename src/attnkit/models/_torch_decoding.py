@@ -25,6 +25,7 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope  # no pu
 
 from attnkit.kernels.quantized import block_linear
 from attnkit.layers._policies import own_policy
+from attnkit.layers.linear import holds_blocks
 from attnkit.layers.decoder_block import decoder_block
 from attnkit.layers.rms_norm import norm_scale
 from attnkit import kernels
@@ -67,7 +68,7 @@ class TorchParts:
         self.epsilon, self.h, self.h_kv, self.d_k = block.epsilon, block.h, block.num_kv_heads, block.d_k
         self.attend_heads = grouped_query_attention if self.h_kv != self.h else fused_attention
         # float kernels joined side by side; blocks kept packed each as its own product
-        self.blocks = any(_holds_blocks(d) for d in (*qkv, *gate_up))
+        self.blocks = any(holds_blocks(d) for d in (*qkv, *gate_up))
         if self.blocks:  # some hold blocks (a file may keep others float): each its own product
             self.W_qkv, self.W_gate_up = [plan.product(d) for d in qkv], [plan.product(d) for d in gate_up]
         else:
@@ -123,11 +124,6 @@ class _Norm:
         return self.gamma if self.norm.offset == 0 else norm_scale(self.norm)
 
 
-def _holds_blocks(dense):
-    """Whether a `Linear` holds GGUF blocks kept packed (`layers.block_quantized.keep_blocks`)."""
-    return getattr(dense, "block_format", None) is not None
-
-
 def _joined_bias(biases, dtype):
     """The kept side-by-side bias of joined projections, or None where they have none."""
     return None if biases is None else kernels.concat_last(biases, dtype)
@@ -159,7 +155,7 @@ class _Plan:
         self.lora = [getattr(leaf, "lora_enabled", False) for leaf in self.leaves]
         self.variables = []
         self.plain = all(
-            (policy.quantization_mode is None or _holds_blocks(leaf)) and policy.compute_dtype == policy.variable_dtype
+            (policy.quantization_mode is None or holds_blocks(leaf)) and policy.compute_dtype == policy.variable_dtype
             and policy.compute_dtype in ("float32", "bfloat16", "float16")  # those `kernels.rms_norm` takes
             for leaf, policy in zip(self.leaves, self.policies)
         ) and not any(self.lora)
@@ -185,7 +181,7 @@ class _Plan:
 
     def product(self, dense):
         """x -> x W + b of a `Linear` without activation: a float kernel (d_in, d_out) or packed blocks."""
-        if _holds_blocks(dense):
+        if holds_blocks(dense):
             return self.blocks(dense)
         kernel, bias = self.tensor(dense.kernel), None if dense.bias is None else self.tensor(dense.bias)
         return lambda x: kernels.torch_linear(x, kernel, bias)
