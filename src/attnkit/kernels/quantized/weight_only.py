@@ -7,8 +7,9 @@
           the skewed groups of real weights):  s_g = (max_g - min_g) / 15,
           q = round((W - min_g) / s_g) in 0..15,      W ~ s_g q + min_g
 
-All in float64, then scales and offsets stored as float32: a weight's error is at most half a step,
-s / 2 (tests/kernels/test_weight_only.py). A row (int8) or group (int4) of zeros gets scale 1.
+All in float64, then scales and offsets stored as float32: a weight's error is at most half of its
+stored step, s / 2 (tests/kernels/test_weight_only.py). A row (int8) or group (int4) of zeros gets
+scale 1; a step that float32 cannot hold (below its smallest subnormal) its smallest subnormal.
 
 Legend: N outputs, K inputs, G = K / group.
 """
@@ -28,8 +29,7 @@ def quantize_int8(weights, name="W"):
     """
     w = _finite(weights, name)
     n, k = w.shape
-    scale = np.max(np.abs(w), axis=1, keepdims=True) / 127.0  # (N, 1)
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    scale = _float32_step(np.max(np.abs(w), axis=1, keepdims=True) / 127.0)  # (N, 1)
     q = np.clip(np.rint(w / scale.astype(np.float64)), -127, 127).astype(np.int8)  # (N, K)
     return BlockWeights("int8", 8, q, scale, None, 0, k, (n, k))
 
@@ -47,8 +47,7 @@ def quantize_int4(weights, name="W"):
         raise ValueError(f"int4 groups of {INT4_GROUP} inputs need K a multiple of {INT4_GROUP}. Received: W of shape {(n, k)}")
     groups = w.reshape(n, k // INT4_GROUP, INT4_GROUP)  # (N, G, 32)
     low, high = groups.min(axis=-1), groups.max(axis=-1)  # (N, G)
-    scale = (high - low) / 15.0
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    scale = _float32_step((high - low) / 15.0)
     offset = low.astype(np.float32)
     q = np.rint((groups - offset[..., None].astype(np.float64)) / scale[..., None].astype(np.float64))
     q = np.clip(q, 0, 15).astype(np.uint8)  # (N, G, 32)
@@ -64,3 +63,10 @@ def _finite(weights, name):
         raise ValueError(f"{name} holds {int(np.sum(~np.isfinite(w)))} NaN or infinite weights (the first at {tuple(int(i) for i in bad)}); "
                          "they cannot be quantized. Received: a checkpoint with non-finite weights")
     return w
+
+
+def _float32_step(step):
+    """float64 steps -> float32: 1 for an all-zero row or group, at least the smallest subnormal where
+    the step underflows (a row of subnormal weights would otherwise get scale 0 and lose them all)."""
+    tiny = np.nextafter(np.float32(0), np.float32(1))
+    return np.where(step > 0, np.maximum(step.astype(np.float32), tiny), np.float32(1.0)).astype(np.float32)
