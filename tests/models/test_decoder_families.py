@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 from backend_utils import BACKEND, once_per_run, to_numpy
+from plain_step import assert_plain_step_equals_layers
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -80,26 +81,7 @@ def test_greedy_generation_matches_transformers_and_cached_equals_uncached(pair)
 def test_the_plain_torch_step_runs_and_equals_the_layers_bit_for_bit(pair, monkeypatch):
     """`_torch_decoding` runs `decoder_block` over kept tensors: with q/k norms, 1 + weight norms, GeGLU
     and the embeddings' scale its logits and cache are the layers' own, for a prefill and the steps."""
-    from attnkit.models import _torch_decoding
-
-    model = pair[1].model
-    ids = np.array([[0, 0, 3, 4, 5, 6, 7, 8], [9, 8, 7, 6, 5, 4, 3, 2]], "int32")
-    mask = np.array([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
-    plain = _torch_decoding.forward
-
-    def decode(forward):
-        monkeypatch.setattr(_torch_decoding, "forward", forward)
-        cache = model.new_cache(2, 11)
-        steps = [model(ids[:, :5], attention_mask=mask[:, :5], cache=cache)]
-        steps += [model(ids[:, t : t + 1], attention_mask=mask[:, t : t + 1], cache=cache) for t in range(5, 8)]
-        return [to_numpy(s) for s in steps + cache.keys + cache.values]
-
-    ran = []
-    ours = decode(lambda *args: ran.append(plain(*args)) or ran[-1])
-    layers = decode(lambda *args: None)  # None: the caller runs the layers
-    assert len(ran) == 4 and all(r is not None for r in ran)
-    for a, b in zip(ours, layers):
-        np.testing.assert_array_equal(a, b)
+    assert_plain_step_equals_layers(pair[1].model, monkeypatch)
 
 
 @once_per_run
