@@ -2,7 +2,8 @@
 ONNX Runtime when it is installed (issue 41: what fast CPU embedding stacks run).
 
 All encode the same sentences with the embedded all-MiniLM-L6-v2, batch 64, in the same run, on the
-CPU (ONNX Runtime: an export of sentence-transformers' transformer made at bench time); sentences/s is the number of sentences over the median wall time of whole `encode` calls. The
+CPU, in float32 and dynamic int8 (attnkit's `dtype="int8"`; ONNX Runtime: an export of
+sentence-transformers' transformer made at bench time, and its `quantize_dynamic`); sentences/s is the number of sentences over the median wall time of whole `encode` calls. The
 Keras backend is attnkit's default unless KERAS_BACKEND is set.
 
     python benchmarks/embeddings.py [--sentences 512] [--batch-size 64] [--repeats 3]
@@ -50,50 +51,57 @@ def main():
     from sentence_transformers import SentenceTransformer
 
     texts = sentences(args.sentences)
-    encoder = attnkit.load_pretrained()
-    reference = SentenceTransformer(encoder.path, device="cpu")
+    encoders = {"float32": attnkit.load_pretrained(), "int8": attnkit.load_pretrained(dtype="int8")}
+    reference = SentenceTransformer(encoders["float32"].path, device="cpu")
     warnings.simplefilter("ignore", UserWarning)
 
     # Interleaved, so that all see the same machine load.
-    runs = {"attnkit": lambda: encoder.encode(texts, batch_size=args.batch_size),
-            "reference": lambda: reference.encode(texts, batch_size=args.batch_size, convert_to_numpy=True)}
-    onnx = onnx_runtime_encoder(reference, args.batch_size)
-    if onnx is not None:
-        runs["onnxruntime"] = lambda: onnx(texts)
+    runs = {f"attnkit {dtype}": (lambda e=e: e.encode(texts, batch_size=args.batch_size)) for dtype, e in encoders.items()}
+    runs["sentence-transformers float32"] = lambda: reference.encode(texts, batch_size=args.batch_size, convert_to_numpy=True)
+    onnx = {dtype: onnx_runtime_encoder(reference, args.batch_size, int8=dtype == "int8") for dtype in encoders}
+    for dtype, run in onnx.items():
+        if run is not None:
+            runs[f"ONNX Runtime {dtype}"] = lambda run=run: run(texts)
     times = {name: [] for name in runs}
     for name, run in runs.items():
         run()  # warm-up: compilation, caches
     for _ in range(args.repeats):
         for name, run in runs.items():
             times[name].append(median_seconds(run, warmup=0, repeats=1))
-    ours, theirs = statistics.median(times["attnkit"]), statistics.median(times["reference"])
-    difference = np.abs(encoder.encode(texts[:64]) - reference.encode(texts[:64], convert_to_numpy=True)).max()
+    seconds = {name: statistics.median(t) for name, t in times.items()}
+    theirs = seconds["sentence-transformers float32"]
 
     n = len(texts)
     print(f"{n} sentences, batch {args.batch_size}, {torch.get_num_threads()} torch threads, "
           f"Keras backend {keras.backend.backend()}; median of {args.repeats} runs\n")
     print(markdown_table(
         ["encoder", "seconds", "sentences/s", "vs sentence-transformers"],
-        [
-            [f"attnkit ({keras.backend.backend()})", f"{ours:.2f}", f"{n / ours:.1f}", f"{theirs / ours:.2f}x"],
-            ["sentence-transformers (torch)", f"{theirs:.2f}", f"{n / theirs:.1f}", "1.00x"],
-        ] + ([["ONNX Runtime (export of the same model)", f"{statistics.median(times['onnxruntime']):.2f}",
-               f"{n / statistics.median(times['onnxruntime']):.1f}", f"{theirs / statistics.median(times['onnxruntime']):.2f}x"]]
-             if onnx is not None else []),
+        [[name, f"{s:.2f}", f"{n / s:.1f}", f"{theirs / s:.2f}x"] for name, s in seconds.items()],
     ))
-    print(f"\nmax abs difference of the embeddings (first 64): {difference:.1e}")
-    if onnx is None:
-        print("ONNX Runtime: not installed (pip install onnxruntime onnx), row skipped")
-    else:
-        ort_difference = np.abs(encoder.encode(texts[:64]) - onnx(texts[:64])).max()
-        print(f"attnkit against ONNX Runtime, max abs difference (first 64): {ort_difference:.1e}; "
-              f"attnkit is {statistics.median(times['onnxruntime']) / ours:.2f}x ONNX Runtime's speed")
+    exact = reference.encode(texts[:64], convert_to_numpy=True)
+    print(f"\nmax abs difference of attnkit float32's embeddings from sentence-transformers' (first 64): "
+          f"{np.abs(encoders['float32'].encode(texts[:64]) - exact).max():.1e}")
+    for dtype in encoders:
+        ours = encoders[dtype].encode(texts[:64])
+        line = f"{dtype}: attnkit's cosine with sentence-transformers float32, min {_cosine(ours, exact).min():.4f}"
+        if onnx[dtype] is None:
+            print(line + "; ONNX Runtime not installed (pip install onnxruntime onnx), row skipped")
+            continue
+        ort = onnx[dtype](texts[:64])
+        print(line + f", ONNX Runtime's {_cosine(ort, exact).min():.4f}; attnkit is "
+              f"{seconds[f'ONNX Runtime {dtype}'] / seconds[f'attnkit {dtype}']:.2f}x ONNX Runtime's speed")
 
 
-def onnx_runtime_encoder(reference, batch_size):
+def _cosine(a, b):
+    """Row-wise cosine similarity of (n, d) arrays."""
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def onnx_runtime_encoder(reference, batch_size, int8=False):
     """texts -> normalised mean-pooled embeddings (n, 384) by ONNX Runtime, from an ONNX export made now
     of sentence-transformers' own transformer (what fastembed / optimum run), or None without
-    onnxruntime. Tokenization is sentence-transformers' tokenizer, as in its own encode."""
+    onnxruntime. Tokenization is sentence-transformers' tokenizer, as in its own encode. `int8`: the
+    export through ONNX Runtime's `quantize_dynamic` (int8 weights, activations quantized per call)."""
     try:
         import onnxruntime
     except ImportError:
@@ -121,6 +129,11 @@ def onnx_runtime_encoder(reference, batch_size):
             dynamic_axes={name: {0: "batch", 1: "tokens"} for name in ("input_ids", "attention_mask", "token_type_ids")},
             opset_version=17, dynamo=False,
         )
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(path, path.replace(".onnx", "_int8.onnx"), weight_type=QuantType.QInt8)
+        path = path.replace(".onnx", "_int8.onnx")
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])

@@ -31,7 +31,10 @@ def encoder():
 @pytest.fixture(autouse=True)
 def _loaded_once(encoder, monkeypatch):
     real = pretrained.load_pretrained
-    monkeypatch.setattr(pretrained, "load_pretrained", lambda path=None: encoder if path is None else real(path))
+    monkeypatch.setattr(
+        pretrained, "load_pretrained",
+        lambda path=None, dtype="float32": encoder if path is None and dtype == "float32" else real(path, dtype=dtype),
+    )
 
 
 def test_embed_to_npy(encoder, tmp_path, capsys):
@@ -258,7 +261,7 @@ def test_memory_error_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_any_other_exception_is_one_line_with_its_type(monkeypatch, capsys):
-    def fail(path=None):
+    def fail(path=None, dtype="float32"):
         raise KeyError("alphabet")
 
     monkeypatch.setattr(pretrained, "load_pretrained", fail)

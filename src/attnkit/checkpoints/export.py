@@ -22,6 +22,7 @@ import numpy as np
 
 from attnkit._atomic_save import replace_tree
 from attnkit.checkpoints.formats.weights import export_tensors
+from attnkit.layers.linear import holds_blocks
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "added_tokens.json", "sentencepiece.bpe.model", "spiece.model")
@@ -38,6 +39,14 @@ def save_pretrained(encoder, directory, *, overwrite=False):
     """Writes `encoder` (a `PretrainedEncoder`) to `directory`; see `PretrainedEncoder.save_pretrained`."""
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"`directory` must be a path. Received: directory of type {type(directory).__name__}")
+    held = [layer.path for layer in encoder.model._flatten_layers(include_self=False) if holds_blocks(layer)]
+    if held:
+        # its weights were rounded to int8 at load, and its products quantize their inputs: written as
+        # float32 it would be another model (docs/decisions.md item 141)
+        raise ValueError(
+            f"An int8 encoder cannot be saved as a Hugging Face directory ({held[0]} holds int8 weights): "
+            "save the model loaded with dtype='float32'"
+        )
     directory = check_destination(directory, overwrite)
     created = not os.path.lexists(directory)
     try:

@@ -18,8 +18,11 @@ import numpy as np
 from attnkit.kernels.quantized import BlockWeights
 
 
-def keep_blocks(dense, weights):
+def keep_blocks(dense, weights, activations=None):
     """Replaces built `dense`'s (K, N) kernel by `weights` (`BlockWeights` of shape (N, K)), in place.
+
+    `activations="int8"` quantizes each call's input too (`kernels.quantized.dynamic_int8`; weights
+    of `weight_only.quantize_int8`): dynamic int8 products (docs/decisions.md item 141).
 
     Raises:
         ValueError: `dense` not built, already quantized, with LoRA, or of another shape.
@@ -29,6 +32,10 @@ def keep_blocks(dense, weights):
     if not dense.built or dense.quantization_mode is not None or dense.lora_enabled:
         raise ValueError(f"`{dense.name}` must be a built, float Linear without LoRA to keep blocks in it")
     n, k = weights.shape
+    if activations not in (None, "int8"):
+        raise ValueError(f"`activations` must be None or 'int8'. Received: activations={activations!r}")
+    if activations == "int8" and (weights.bits != 8 or weights.zero or weights.offset is not None or weights.group != k):
+        raise ValueError(f"int8 activations need per-row int8 weights (`quantize_int8`). Received: {weights.type_name} blocks for `{dense.name}`")
     if tuple(dense.kernel.shape) != (k, n):
         raise ValueError(
             f"Blocks of shape (N, K)={weights.shape} do not fit `{dense.name}`'s kernel (K, N)={tuple(dense.kernel.shape)}"
@@ -46,6 +53,8 @@ def keep_blocks(dense, weights):
     finally:
         dense._tracker.lock()
     dense.block_format = dict(bits=weights.bits, zero=weights.zero, group=weights.group, shape=tuple(weights.shape))
+    if activations is not None:
+        dense.block_format["activations"] = activations
     dense.block_type = weights.type_name
     dense._is_quantized = True  # the policy below must not make Keras quantize the layer again
     dense.dtype_policy = keras.dtype_policies.get(f"{'int4' if weights.bits == 4 else 'int8'}_from_{source}")

