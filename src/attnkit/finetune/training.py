@@ -52,11 +52,35 @@ def token_weights(targets, count=None, scale=1.0):
 
 
 def schedule(learning_rate, total_steps, warmup_fraction=0.03):
-    """Linear warm-up from 0 to `learning_rate` over ~3% of the steps, then a cosine decay to 0."""
-    warmup = min(max(1, round(warmup_fraction * total_steps)), max(total_steps - 1, 1))
-    return keras.optimizers.schedules.CosineDecay(
-        0.0, max(total_steps - warmup, 1), alpha=0.0, warmup_target=float(learning_rate), warmup_steps=warmup
-    )
+    """`WarmupCosine` over `total_steps`, warming up over ~3% of them (at least one)."""
+    return WarmupCosine(learning_rate, total_steps, max(1, round(warmup_fraction * total_steps)))
+
+
+@keras.saving.register_keras_serializable(package="attnkit")
+class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
+    """A linear warm-up to `learning_rate` over `warmup_steps`, then a cosine decay, in which every one
+    of `total_steps` steps learns (docs/decisions.md item 142).
+
+    Step s (0-based) takes, with t = s + 1 and w = warmup_steps, T = total_steps:
+        learning_rate * t / w                                          t <= w
+        learning_rate * (1 + cos(pi * (t - w) / (T - w + 1))) / 2      t > w
+    Keras's `CosineDecay` with warm-up starts at 0 and ends at 0: the first step did not move the
+    weights, and a run of one step (a small file, one epoch) learned nothing.
+    """
+
+    def __init__(self, learning_rate, total_steps, warmup_steps):
+        self.learning_rate, self.total_steps, self.warmup_steps = float(learning_rate), int(total_steps), int(warmup_steps)
+
+    def __call__(self, step):
+        t = keras.ops.cast(step, "float32") + 1.0
+        w, span = float(self.warmup_steps), float(max(self.total_steps - self.warmup_steps + 1, 1))
+        warm = self.learning_rate * t / w
+        progress = keras.ops.minimum((t - w) / span, 1.0)
+        decay = 0.5 * self.learning_rate * (1.0 + keras.ops.cos(math.pi * progress))
+        return keras.ops.where(t <= w, warm, decay)
+
+    def get_config(self):
+        return {"learning_rate": self.learning_rate, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
 
 
 def prepare(lm, *, full=False, targets=("q", "k", "v", "o", "gate", "up", "down"), rank=8, alpha=16, optimizer=None, seed=0):
