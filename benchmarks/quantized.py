@@ -4,7 +4,7 @@ llama.cpp / CTranslate2 when they are installed (`make bench`; issue 41, docs/de
     python benchmarks/quantized.py [--quick] [--backend torch] [--dtype float32 gguf ...] [--threads 2]
 
 Rows: decode tokens/s, prefill tokens/s and time to the first token per dtype ("gguf": the file's
-blocks kept packed; "int8" / "int4": Keras's weight-only quantization) and batch. The ceiling of a
+blocks kept packed; "int8" / "int4": attnkit's weight-only blocks, docs/decisions.md item 138) and batch. The ceiling of a
 decoding step is the bandwidth (torch.mv over 256 MB of float32, measured in this run) over the bytes of
 the weights a step reads (all, less an untied model's embedding table), all read once a step: tokens/s <= batch x bandwidth / bytes. Each row gives its
 fraction of it. llama.cpp (`llama_cpp`, same GGUF file) and CTranslate2 (int8, from the file

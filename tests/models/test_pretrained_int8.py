@@ -84,3 +84,14 @@ def test_cli_refuses_another_dtype_in_one_line(capsys):
     assert cli.main(["embed", "--dtype", "int4", "a"]) == 2
     err = capsys.readouterr().err
     assert "--dtype" in err and "int4" in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_queries_keys_and_values_side_by_side_equal_each_apart(encoder_int8, monkeypatch):
+    """torch joins [W_q; W_k; W_v]'s int8 rows into one product, x quantized once; each row's
+    quantization is its own, so the joined product is the three products."""
+    from attnkit.layers import multi_head_attention
+
+    together = encoder_int8.encode(SENTENCES[:4])
+    monkeypatch.setattr(multi_head_attention, "_dynamic_int8", lambda *projections: False)
+    apart = encoder_int8.encode(SENTENCES[:4])
+    np.testing.assert_allclose(together, apart, atol=2e-6)

@@ -15,7 +15,7 @@ the same numbers. Which kernel takes which inputs:
 | `gelu_erf(y)` | GELU's erf form, any backend | | | linear |
 | `layer_norm`, `tensorflow_layer_norm`, `rms_norm` | torch's functional norms, half precision in float32 row chunks | None | one XLA-compiled norm inside a `tf.function` | norms |
 | `rotate(x, cos, sin)` | one fused multiply-add | None | None | rotary |
-| `split_heads`, `merge_heads`, `split_last`, `concat_last`, `project_into_heads`, `project_from_heads`, `fuses_projections()`, `projects_into_heads()` | views; joined kernels kept between calls | einsum projections into the heads | `keras.ops` | layouts |
+| `split_heads`, `merge_heads`, `split_last`, `concat_last`, `concat_rows`, `project_into_heads`, `project_from_heads`, `fuses_projections()`, `projects_into_heads()` | views; joined kernels kept between calls | einsum projections into the heads | `keras.ops` | layouts |
 | `is_torch_tensor`, `value_of`, `jax_bfloat16` | tensor checks | | | tensor_checks |
 
 Values kept between inference calls on torch (a mixed-precision cast, [W_q | W_k | W_v], a prepacked
@@ -30,6 +30,7 @@ import keras
 from attnkit.kernels import jax_attention, torch_attention
 from attnkit.kernels.layouts import (
     concat_last,
+    concat_rows,
     fuses_projections,
     merge_heads,
     project_from_heads,
@@ -45,7 +46,7 @@ from attnkit.kernels.rotary import rotate
 from attnkit.kernels.tensor_checks import all_finite, if_finite, is_torch_tensor, jax_bfloat16, value_of
 
 __all__ = [
-    "all_finite", "attention", "concat_last", "einsum", "fuses_projections", "gelu_erf", "has_kernel", "if_finite",
+    "all_finite", "attention", "concat_last", "concat_rows", "einsum", "fuses_projections", "gelu_erf", "has_kernel", "if_finite",
     "is_torch_tensor", "jax_bfloat16", "layer_norm", "linear", "matmul", "memory_efficient", "merge_heads",
     "project_from_heads", "project_into_heads", "projects_into_heads", "rms_norm", "rotate", "split_heads",
     "split_last", "tensorflow_layer_norm", "tensorflow_linear", "times_keys", "times_mask", "times_transposed",

@@ -66,6 +66,16 @@ def merge_heads(x):
 def concat_last(tensors, dtype):
     """The tensors or Keras variables `tensors` (..., n_i), cast to `dtype`, joined along the last axis;
     on torch, for variables, kept between calls (`kept.kept_value`)."""
+    return _concat(tensors, dtype, -1)
+
+
+def concat_rows(tensors):
+    """The tensors or Keras variables `tensors` (n_i, ...) joined along the first axis in their own
+    dtype (packed weights' rows: `MultiHeadAttention`'s int8 [W_q; W_k; W_v]); kept as `concat_last`."""
+    return _concat(tensors, None, 0)
+
+
+def _concat(tensors, dtype, axis):
     if keras.backend.backend() == "torch":
         import torch
 
@@ -73,16 +83,16 @@ def concat_last(tensors, dtype):
             values = [tensor_checks.value_of(t) for t in tensors]
             if not all(isinstance(v, torch.Tensor) for v in values):
                 return None
-            return torch.cat([v.to(getattr(torch, dtype)) for v in values], dim=-1)
+            return torch.cat([v if dtype is None else v.to(getattr(torch, dtype)) for v in values], dim=axis)
 
         if all(isinstance(t, keras.Variable) for t in tensors):
             scope = get_autocast_scope()
-            joined = kept.kept_value(tensors, ("joined", dtype, scope and scope.dtype), join)
+            joined = kept.kept_value(tensors, ("joined", dtype, axis, scope and scope.dtype), join)
         else:
             joined = join()
         if joined is not None:
             return joined
-    return ops.concatenate([ops.cast(t, dtype) for t in tensors], axis=-1)
+    return ops.concatenate([t if dtype is None else ops.cast(t, dtype) for t in tensors], axis=axis)
 
 
 def split_last(x, sizes):

@@ -15,7 +15,8 @@ from attnkit.layers._keras_mask import keras_mask_of
 from attnkit.layers._policies import SublayerPolicies
 from attnkit.layers._shapes import check_built_width, check_positive_widths
 from attnkit.layers._sublayer import call_sublayer, in_own_scope
-from attnkit.layers.linear import Linear
+from attnkit.kernels.quantized import dynamic_int8
+from attnkit.layers.linear import Linear, holds_blocks
 from attnkit import kernels
 from attnkit.ops.attention import fused_attention, scaled_dot_product_attention
 from attnkit.ops.grouped_attention import grouped_query_attention
@@ -321,7 +322,8 @@ class MultiHeadAttention(CheckedCall, SublayerPolicies, keras.layers.Layer):
 # `quantized_call`) nor LoRA (their own kernel update).
 #
 # step     path          when                                          why
-# project  SIDE_BY_SIDE  several plain projections of one input, torch one larger GEMM, one pass over x (item 13)
+# project  SIDE_BY_SIDE  several plain projections of one input, torch one larger GEMM, one pass over x (item 13);
+#                        dynamic int8 ones too: x quantized once (item 141)
 # project  PER_HEAD      plain, jax                                    XLA picks layouts with fewer transposes (13)
 # project  DENSE         otherwise: tensorflow, quantized, LoRA        Dense's own call; tensorflow's einsum transposes
 # attend   GROUPED       num_kv_heads < h                              h_kv heads shared by query groups (item 33)
@@ -336,7 +338,8 @@ def projection_path(projections, shared_input=False):
     """How to compute `projections` (Dense layers): SIDE_BY_SIDE (several projections of one input as
     one matmul, only when `shared_input`), PER_HEAD (einsums into and out of the heads) or DENSE."""
     plain = _plain(*projections)
-    if shared_input and len(projections) > 1 and plain and kernels.fuses_projections():
+    joinable = plain or _dynamic_int8(*projections)
+    if shared_input and len(projections) > 1 and joinable and kernels.fuses_projections():
         return SIDE_BY_SIDE
     if plain and kernels.projects_into_heads():
         return PER_HEAD
@@ -358,13 +361,30 @@ def project_side_by_side(x, projections, dtype):
     Returns:
         One (B, T, units) tensor per projection, in order.
     """
-    kernel = kernels.concat_last([d.kernel for d in projections], dtype)  # (d_in, sum units)
     use_bias = [d.bias is not None for d in projections]
     if any(use_bias) and not all(use_bias):
         raise ValueError(f"`projections` must all have biases or none. Received: use_bias={use_bias}")
+    if _dynamic_int8(*projections):
+        # [W_q; W_k; W_v]'s int8 rows and scales, joined and kept: x is quantized once (docs/decisions.md item 141)
+        values = kernels.concat_rows([d.block_values for d in projections])  # (sum units, d_in)
+        scale = kernels.concat_rows([d.block_scale for d in projections])  # (sum units, 1)
+        bias = kernels.concat_rows([d.bias for d in projections]) if all(use_bias) else None  # (sum units,)
+        y = dynamic_int8.linear(ops.cast(x, "float32"), values, scale, bias)  # (B, T, sum units)
+        return kernels.split_last(ops.cast(y, dtype), [d.units for d in projections])
+    kernel = kernels.concat_last([d.kernel for d in projections], dtype)  # (d_in, sum units)
     bias = kernels.concat_last([d.bias for d in projections], dtype) if all(use_bias) else None  # (sum units,)
     y = linear(ops.cast(x, dtype), kernel, bias)  # (B, T, sum units)
     return kernels.split_last(y, [d.units for d in projections])
+
+
+def _dynamic_int8(*projections):
+    """Whether these hold dynamic int8 blocks of one input width and no LoRA (`keep_blocks(...,
+    activations="int8")`): their rows can be one product side by side."""
+    return all(
+        holds_blocks(d) and d.block_format.get("activations") == "int8" and not d.lora_enabled
+        and d.block_format["shape"][1] == projections[0].block_format["shape"][1]
+        for d in projections
+    )
 
 
 def _plain(*projections):
