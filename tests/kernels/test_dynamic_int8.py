@@ -120,6 +120,58 @@ def test_a_weight_changed_in_place_is_seen():
     np.testing.assert_allclose(second.numpy(), -2 * first.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="the packed weight kept between calls is torch's")
+def test_new_data_under_the_same_tensor_is_seen_and_inference_tensors_are_taken():
+    import torch
+
+    rng = np.random.default_rng(6)
+    blocks = quantize_int8(rng.normal(size=(6, 16)).astype(np.float32))
+    values, scale = torch.tensor(blocks.values), torch.tensor(blocks.scale)
+    x = torch.tensor(rng.normal(size=(3, 16)).astype(np.float32))
+    with torch.no_grad():
+        first = dynamic_int8.linear(x, values, scale)
+        values.data = (-values).clone()  # as Module.to and vector_to_parameters assign: no version bump
+        np.testing.assert_allclose(dynamic_int8.linear(x, values, scale).numpy(), -first.numpy(), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        frozen_values, frozen_scale = torch.tensor(blocks.values), torch.tensor(blocks.scale)
+        np.testing.assert_allclose(dynamic_int8.linear(x, frozen_values, frozen_scale).numpy(), first.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="fbgemm is torch's kernel")
+def test_torch_runs_fbgemm_and_another_engine_runs_the_formula(monkeypatch):
+    import torch
+
+    rng = np.random.default_rng(7)
+    blocks = quantize_int8(rng.normal(size=(8, 32)).astype(np.float32))
+    x = rng.normal(size=(5, 32)).astype(np.float32)
+    expected, step, w = reference(x, blocks)
+    kernel, calls = torch.ops.quantized.linear_dynamic, []
+    monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", lambda *a: calls.append(1) or kernel(*a))
+    with torch.no_grad():
+        _within(product(x, blocks), expected, x, w, step)
+        assert calls == [1]
+        monkeypatch.setattr(torch.backends.quantized, "engine", "qnnpack")  # requantizes otherwise: 1-3% off
+        _within(product(x, blocks), expected, x, w, step)
+        assert calls == [1]
+
+
+def test_empty_inputs_and_huge_rows():
+    blocks = quantize_int8(np.random.default_rng(8).normal(size=(4, 8)).astype(np.float32))
+    bias = np.arange(4, dtype=np.float32)
+    assert product(np.zeros((0, 8), np.float32), blocks, bias).shape == (0, 4)
+    assert product(np.zeros((2, 0, 8), np.float32), blocks).shape == (2, 0, 4)
+    x = np.zeros((2, 8), np.float32)
+    x[0, 0], x[0, 1], x[1] = 3.38e38, 1e37, 1.0  # the first row's scale overflows float32: no NaN for it
+    y = product(x, blocks)
+    expected, step, w = reference(x, blocks)
+    assert not np.isnan(y).any()
+    overflow = np.abs(expected) > np.finfo(np.float32).max  # float32 arithmetic gives these as infinities
+    np.testing.assert_array_equal(np.isinf(y), overflow)
+    np.testing.assert_array_equal(np.sign(y[overflow]), np.sign(expected[overflow]))
+    _within(y[1:], expected[1:], x[1:], w, step[1:])
+    assert np.all(np.abs(y[0] - expected[0])[~overflow[0]] <= 1e-5 * np.abs(x[0].astype(np.float64)) @ np.abs(w).T[:, ~overflow[0]] + step[0] * np.abs(w[~overflow[0]]).sum(1))
+
+
 def test_refuses_blocks_that_are_not_per_row_int8():
     with pytest.raises(ValueError, match="int8 activations need per-row int8 weights"):
         block_linear(ops.ones((1, 64)), ops.zeros((2, 32), "uint8"), ops.ones((2, 2)), ops.zeros((2, 2)), bits=4, zero=0,

@@ -93,12 +93,18 @@ def test_cli_refuses_another_dtype_in_one_line(capsys):
     assert "--dtype" in err and "int4" in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="projections side by side are torch's path (kernels.fuses_projections)")
 def test_queries_keys_and_values_side_by_side_equal_each_apart(encoder_int8, monkeypatch):
     """torch joins [W_q; W_k; W_v]'s int8 rows into one product, x quantized once; each row's
     quantization is its own, so the joined product is the three products."""
+    from attnkit.kernels.quantized import dynamic_int8
     from attnkit.layers import multi_head_attention
 
+    linear, widths = dynamic_int8.linear, []
+    monkeypatch.setattr(multi_head_attention.dynamic_int8, "linear", lambda x, v, *a: widths.append(v.shape[0]) or linear(x, v, *a))
     together = encoder_int8.encode(SENTENCES[:4])
+    assert widths.count(3 * 384) == 6 and len(widths) == 6 * 4  # a layer: [W_q; W_k; W_v], W_o, two feed-forward
+    monkeypatch.setattr(multi_head_attention.dynamic_int8, "linear", linear)
     monkeypatch.setattr(multi_head_attention, "_dynamic_int8", lambda *projections: False)
     apart = encoder_int8.encode(SENTENCES[:4])
     np.testing.assert_allclose(together, apart, atol=2e-6)

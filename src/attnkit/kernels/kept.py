@@ -16,7 +16,7 @@ def kept_value(variables, tag, make):
     """`make()`, a value computed from these Keras variables' tensors, kept between calls on torch.
 
     Kept while no autograd graph is recorded through them and each variable still holds the same,
-    unchanged tensor (`_stamp`: an assignment in place, a new tensor, or new data under the same
+    unchanged tensor (`stamp`: an assignment in place, a new tensor, or new data under the same
     tensor each make the value anew). A stateless scope (whose variables stand for other values)
     reads through. Used for what a layer would otherwise recompute from its weights on every call: a
     mixed-precision cast, the side-by-side [W_q | W_k | W_v] (docs/decisions.md item 60). The memory
@@ -33,9 +33,9 @@ def kept_value(variables, tag, make):
         return make()  # made under torch.inference_mode: no version counter tells an assignment
     key = (tag, *map(id, variables))
     entry = _KEPT.get(key)
-    if entry is not None and all(ref() is v for ref, v in zip(entry[0], variables)) and _current(entry[1], stored):
+    if entry is not None and all(ref() is v for ref, v in zip(entry[0], variables)) and current(entry[1], stored):
         return entry[2]
-    stamps = [_stamp(t) for t in stored]  # before `make`: a write meanwhile makes the value anew next call
+    stamps = [stamp(t) for t in stored]  # before `make`: a write meanwhile makes the value anew next call
     value = _made_outside_inference_mode(make)
     if isinstance(value, torch.Tensor) and all(value is not t for t in stored):
         _KEPT_VALUES[id(value)] = weakref.ref(value, lambda _, i=id(value): _KEPT_VALUES.pop(i, None))
@@ -47,14 +47,14 @@ def kept_value(variables, tag, make):
 _KEPT_VALUES = {}  # id -> weak reference, of the tensors `kept_value` made (`packable`)
 
 
-def _stamp(t):
+def stamp(t):
     """What identifies a torch tensor's current values: the tensor (weakly), its version counter (an
     in-place change bumps it), and its storage, held so that its address cannot be reused: assigning
     `.data` (as `Module.to` and `vector_to_parameters` do) changes neither the tensor nor its version."""
     return weakref.ref(t), t._version, t.untyped_storage(), t.storage_offset(), t.shape, t.stride()
 
 
-def _current(stamps, tensors):
+def current(stamps, tensors):
     """Whether each tensor is the one its stamp was taken of, with the same values."""
     for (ref, version, storage, offset, shape, stride), t in zip(stamps, tensors):
         if ref() is not t or t._version != version or t.untyped_storage()._cdata != storage._cdata:
@@ -79,7 +79,7 @@ def derived(source, tag, make):
     """`make(source)`, a tensor derived from the torch tensor `source` (a kernel's copy in another
     layout), kept between calls; None where it cannot be kept.
 
-    Kept while `source` itself lives with the same values (`_stamp`) and no autograd graph runs
+    Kept while `source` itself lives with the same values (`stamp`) and no autograd graph runs
     through it: a variable's tensor, a kept mixed-precision cast or a kept [W_q | W_k | W_v] are
     derived once. None for a tensor in a graph, a traced stand-in or an inference tensor (no version
     counter to follow): the caller then computes what it needs per call. The memory is that of the
@@ -93,17 +93,17 @@ def derived(source, tag, make):
         return None  # made under torch.inference_mode: no version counter to follow
     key = (tag, id(source))
     entry = _DERIVED.get(key)
-    if entry is not None and _current([entry[0]], [source]):
+    if entry is not None and current([entry[0]], [source]):
         return entry[1]
-    stamp = _stamp(source)  # before `make`: a write meanwhile makes the value anew next call
+    taken = stamp(source)  # before `make`: a write meanwhile makes the value anew next call
     value = _made_outside_inference_mode(lambda: make(source))
     if entry is None or entry[0][0]() is not source:
         weakref.finalize(source, _DERIVED.pop, key, None)  # once per source: gone with it
-    _DERIVED[key] = (stamp, value)
+    _DERIVED[key] = (taken, value)
     return value
 
 
-_DERIVED = {}  # (tag, id(source)) -> (the source's `_stamp`, the derived tensor)
+_DERIVED = {}  # (tag, id(source)) -> (the source's `stamp`, the derived tensor)
 
 
 def packable(weight):
@@ -112,7 +112,7 @@ def packable(weight):
     tensor (a `torch.nn.Parameter`), whose (d_out, d_in) copy item 60 keeps the same way. Packing
     those adds no case where a kept layout could be stale. A float32 variable's tensor is not packed:
     a write through `param.data` (an EMA update, a hand-written optimizer) bypasses the version
-    counter `_stamp` follows (decision 71). A tensor made per call (a cast) is not either: it would
+    counter `stamp` follows (decision 71). A tensor made per call (a cast) is not either: it would
     be packed on every call."""
     import torch
 

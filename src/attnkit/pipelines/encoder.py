@@ -87,12 +87,12 @@ def load_pretrained(path=None, *, dtype="float32"):
         raise TypeError(
             f"`path` must be a model directory (str or os.PathLike) or None. Received: path of type {type(path).__name__}"
         )
+    # A decoder (causal language model) checkpoint dispatches here, before the encoder's pipeline.
     if path is not None and is_causal_checkpoint(path):
         return load_causal_lm(path, dtype=dtype)  # GGUF files and llama / mistral / qwen2 directories (docs/decisions.md item 35)
     if not isinstance(dtype, str) or dtype not in ENCODER_DTYPES:
         raise ValueError(f"`dtype` of an encoder must be one of {ENCODER_DTYPES}. Received: dtype={dtype!r}")
     path = hf_checkpoint.check_directory(default_model_path() if path is None else path)
-    # A decoder (causal language model) checkpoint dispatches here, before the encoder's pipeline.
     encoder = _load_encoder(path)
     if dtype == "int8":
         quantize_dynamic(encoder.model)

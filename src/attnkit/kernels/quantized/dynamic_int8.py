@@ -25,8 +25,10 @@ make that range exactly [-1, 1]: its scale is then 2 / 127, its zero point 64, a
 64 + round(63.5 x / f) = 64 + round(x / s), the formula above for each row; the result is
 multiplied back by f. Elsewhere the formula runs in `keras.ops`, with the gradient of the
 float product (a straight-through estimate, as Keras's int8 layers train). A row with an infinity or
-a NaN has no scale: the product is then the float one of the dequantized weights, so they come out
-as float arithmetic gives them.
+a NaN has no scale: that row's product is the float one of the dequantized weights, so they come
+out as float arithmetic gives them (on torch such a batch runs the formula, its other rows exactly
+as before within float32 rounding). A torch quantized engine other than fbgemm's ("x86",
+"fbgemm"; qnnpack requantizes otherwise) runs the formula too. An empty x gives the bias alone.
 
 Legend: N outputs, K inputs, R rows of x.
 """
@@ -38,9 +40,11 @@ import weakref
 import keras
 from keras import ops
 
+from attnkit.kernels import kept
+
 Q_MAX = 63
 
-_PACKED = {}  # id(values) -> (weak references to values and scale, their versions, packed fbgemm weight)
+_PACKED = {}  # id(values) -> (`kept.stamp`s of values and scale, packed fbgemm weight)
 _LOCK = threading.Lock()
 
 
@@ -60,15 +64,21 @@ def linear(x, values, scale, bias=None):
     Args:
         x: float32 (..., K). values: int8 (N, K). scale: float32 (N, 1). bias: (N,) or None.
     """
+    n = values.shape[0]
+    if any(d == 0 for d in x.shape):  # no rows, or K = 0 (an empty sum): the bias alone
+        y = ops.zeros((*x.shape[:-1], n), "float32")
+        return y if bias is None else ops.add(y, bias)
     if _fbgemm_takes(x, values):
         import torch
 
         k = x.shape[-1]
         rows = x.reshape(-1, k)  # (R, K)
         m = rows.abs().amax(dim=1, keepdim=True)  # (R, 1): max |x| (NaN where a row has one); faster than aminmax or an inf-norm
-        if bool(torch.isfinite(m).all()):
-            f = m.clamp_min_(torch.finfo(torch.float32).tiny).mul_(63.5 / Q_MAX)  # (R, 1)
-            unit = torch.empty(rows.shape[0] + 2, k)  # (R + 2, K): x / f, then two rows fixing the range
+        f = m.clamp_min_(torch.finfo(torch.float32).tiny).mul_(63.5 / Q_MAX)  # (R, 1); inf past float32's range
+        # a non-finite row, or one whose scale overflows (|x| > 3.3e38), takes the formula below, all
+        # rows with it: the torch result of a batch is independent of its rows where all are finite
+        if bool(torch.isfinite(f).all()):
+            unit = torch.empty(rows.shape[0] + 2, k, dtype=torch.float32)  # (R + 2, K): x / f, then two rows fixing the range
             torch.mul(rows, f.reciprocal(), out=unit[:-2])  # a product: faster than a division, within the rounding the test allows
             unit[-2:] = 0.0
             unit[-2, 0], unit[-1, 0] = -1.0, 1.0
@@ -93,27 +103,38 @@ def _fbgemm_takes(x, values):
         return False
     if torch.is_grad_enabled() and x.requires_grad:
         return False  # fbgemm's kernel has no gradient
-    return x.dim() >= 1 and x.shape[-1] > 0 and x.numel() > 0 and "fbgemm" in torch.backends.quantized.supported_engines
+    # the engine that packs and multiplies: fbgemm's ("x86" runs it too); qnnpack (ARM's default)
+    # requantizes differently, 1-3% off the formula, so there the formula runs instead
+    return torch.backends.quantized.engine in ("x86", "fbgemm")
 
 
 def _packed(values, scale):
-    """fbgemm's packed weight for int8 `values` (N, K) and `scale` (N, 1), made once per tensor."""
+    """fbgemm's packed weight for int8 `values` (N, K) and `scale` (N, 1), made once per pair of tensors
+    and made anew when either changes (`kept.stamp`: in place, a new tensor, or new `.data`)."""
     import torch
 
+    n = values.shape[0]
+
+    def pack():
+        with warnings.catch_warnings():
+            # torch marks its quantized tensor types for removal; fbgemm's packing still takes only them
+            warnings.simplefilter("ignore", UserWarning)
+            weight = torch._make_per_channel_quantized_tensor(
+                values.contiguous(), scale.reshape(n).double(), torch.zeros(n, dtype=torch.long), 0
+            )
+            return torch.ops.quantized.linear_prepack(weight, None)
+
+    if values.is_inference() or scale.is_inference():
+        return pack()  # made under torch.inference_mode: no version counter tells a change, so nothing is kept
     key = id(values)
     with _LOCK:
         entry = _PACKED.get(key)
-        if entry is not None and entry[0]() is values and entry[1]() is scale and entry[2] == (values._version, scale._version):
-            return entry[3]
-    n = values.shape[0]
-    with warnings.catch_warnings():
-        # torch marks its quantized tensor types for removal; fbgemm's packing still takes only them
-        warnings.simplefilter("ignore", UserWarning)
-        weight = torch._make_per_channel_quantized_tensor(
-            values.contiguous(), scale.reshape(n).double(), torch.zeros(n, dtype=torch.long), 0
-        )
-        packed = torch.ops.quantized.linear_prepack(weight, None)
+        if entry is not None and kept.current(entry[0], (values, scale)):
+            return entry[1]
+        stamps = [kept.stamp(values), kept.stamp(scale)]  # before packing: a write meanwhile packs anew next call
+    packed = pack()
     with _LOCK:
-        stamp = (values._version, scale._version)
-        _PACKED[key] = (weakref.ref(values, lambda _, key=key: _PACKED.pop(key, None)), weakref.ref(scale), stamp, packed)
+        if entry is None or entry[0][0][0]() is not values:
+            weakref.finalize(values, _PACKED.pop, key, None)  # once per tensor: gone with it
+        _PACKED[key] = (stamps, packed)
     return packed
