@@ -104,14 +104,20 @@ def test_gradient_is_the_float_products():
     np.testing.assert_allclose(grad, np.broadcast_to(w.sum(axis=0), x.shape), rtol=1e-5, atol=1e-5)
 
 
+def _torch_operands(seed):
+    """(blocks, values, scale, x) as torch tensors: int8 weights (6, 16) and x (3, 16)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    blocks = quantize_int8(rng.normal(size=(6, 16)).astype(np.float32))
+    return blocks, torch.tensor(blocks.values), torch.tensor(blocks.scale), torch.tensor(rng.normal(size=(3, 16)).astype(np.float32))
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="the packed weight kept between calls is torch's")
 def test_a_weight_changed_in_place_is_seen():
     import torch
 
-    rng = np.random.default_rng(4)
-    blocks = quantize_int8(rng.normal(size=(6, 16)).astype(np.float32))
-    values, scale = torch.tensor(blocks.values), torch.tensor(blocks.scale)
-    x = torch.tensor(rng.normal(size=(3, 16)).astype(np.float32))
+    _, values, scale, x = _torch_operands(4)
     with torch.no_grad():
         first = dynamic_int8.linear(x, values, scale)
         values.neg_()
@@ -124,10 +130,7 @@ def test_a_weight_changed_in_place_is_seen():
 def test_new_data_under_the_same_tensor_is_seen_and_inference_tensors_are_taken():
     import torch
 
-    rng = np.random.default_rng(6)
-    blocks = quantize_int8(rng.normal(size=(6, 16)).astype(np.float32))
-    values, scale = torch.tensor(blocks.values), torch.tensor(blocks.scale)
-    x = torch.tensor(rng.normal(size=(3, 16)).astype(np.float32))
+    blocks, values, scale, x = _torch_operands(6)
     with torch.no_grad():
         first = dynamic_int8.linear(x, values, scale)
         values.data = (-values).clone()  # as Module.to and vector_to_parameters assign: no version bump
