@@ -23,7 +23,7 @@ Legend: B batch, T new tokens, S keys (cache), h / h_kv heads, d_k per-head widt
 import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public name in Keras 3
 
-from attnkit.kernels.quantized import block_linear
+from attnkit.kernels.quantized import block_gemv, block_linear, decode_step
 from attnkit.layers._policies import own_policy
 from attnkit.layers.linear import holds_blocks
 from attnkit.layers.decoder_block import decoder_block
@@ -41,9 +41,12 @@ def forward(model, token_ids, cos, sin, keeps, causals, cache, start, last_only)
         return None
     x = model.embed(model.embedding.call(token_ids))  # (B, T, d_model)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # (B, 1, T, d_k): once, not twice per layer
-    for i, parts in enumerate(plan.layers):
-        parts.keep, parts.causal = keeps[i], causals[i]
-        x = decoder_block(x, parts, cos, sin, cache, i, start)
+    if plan.fused is not None and plan.fused.takes(x, cache, start):
+        x = plan.fused(x, cos, sin, keeps, cache, start)
+    else:
+        for i, parts in enumerate(plan.layers):
+            parts.keep, parts.causal = keeps[i], causals[i]
+            x = decoder_block(x, parts, cos, sin, cache, i, start)
     if last_only:
         x = x[:, -1:]  # (B, 1, d_model)
     x = kernels.rms_norm(x, plan.final_norm.scale(), model.epsilon)
@@ -166,6 +169,7 @@ class _Plan:
         self.final_norm = _Norm(self, model.final_norm)
         self.lm_head = None if model.lm_head is None else self.product(model.lm_head)
         self.embeddings = None if model.lm_head is not None else self.tensor(model.embedding.embeddings)
+        self.fused = FusedBlocks.of(self, model)
 
     def current(self):
         """Whether every layer and variable is still the one this plan read."""
@@ -208,3 +212,82 @@ class _Plan:
         for dense in denses:
             self.tensor(dense.bias)
         return [dense.bias for dense in denses]
+
+
+class FusedBlocks:
+    """Every block of a decoding step (one new token a sequence) in `decode_step.decode_layer`, one C
+    call a block (docs/decisions.md item 143), for a model whose blocks it takes (`of`)."""
+
+    def __init__(self, model, norms, weights, keep_alive):
+        self.model, self.norms, self.weights, self._keep_alive = model, norms, weights, keep_alive
+
+    @classmethod
+    def of(cls, plan, model):
+        """The fused blocks of `plan`'s model, or None where a block has something the kernel does not
+        compute (then `decoder_block` runs): see `decode_step`."""
+        import torch
+
+        if plan.dtype != "float32" or not decode_step.available():
+            return None
+        norms, weights, keep_alive = [], [], []
+        for block in model.decoder_layers:
+            projections = [getattr(block.attention, r, None) or getattr(block.feed_forward, r) for r in decode_step.ROLES]
+            block_norms = (block.attention_block.norm, block.feed_forward_block.norm)
+            if block.qk_norm or block.activation != "silu" or any(n.offset != 0 for n in block_norms) or not all(
+                holds_blocks(d) and decode_step.fusable_layout(d.block_format) for d in projections
+            ):
+                return None
+            gammas = [plan.tensor(n.gamma) for n in block_norms]
+            tensors = [
+                (plan.tensor(d.block_values), plan.tensor(d.block_scale),
+                 None if d.block_offset is None else plan.tensor(d.block_offset),
+                 None if d.bias is None else plan.tensor(d.bias), d.block_format)
+                for d in projections
+            ]
+            held = [t for entry in tensors for t in entry[:4] if t is not None] + gammas
+            if not all(t.device.type == "cpu" and t.is_contiguous() for t in held):
+                return None
+            if any(t.dtype != torch.float32 for t in gammas) or any(
+                t.dtype != torch.float32 for entry in tensors for t in entry[1:4] if t is not None
+            ):
+                return None
+            norms.append(gammas)
+            weights.append(decode_step.projections(tensors))
+            keep_alive.append(held)
+        return cls(model, norms, weights, keep_alive)
+
+    def takes(self, x, cache, start):
+        """Whether this call is a decoding step the kernel runs: one new float32 token per sequence on
+        the CPU, at most `block_gemv.MAX_ROWS` sequences, contiguous float32 cache buffers, and no
+        autograd graph to record (the kernel has no gradient)."""
+        import torch
+
+        B, T, _ = x.shape
+        return (
+            cache is not None and T == 1 and 0 < B <= block_gemv.MAX_ROWS and x.dtype == torch.float32
+            and x.device.type == "cpu" and not torch.is_grad_enabled() and cache.attended == start + 1
+            and all(
+                b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous()
+                for b in (*cache.keys, *cache.values)
+            )
+        )
+
+    def __call__(self, x, cos, sin, keeps, cache, start):
+        """x (B, 1, d_model) through every block -> (B, 1, d_model); the cache written at slot `start`."""
+        import torch
+
+        model = self.model
+        B = x.shape[0]
+        x = x.reshape(B, model.d_model).clone()  # (B, d_model): written in place by the kernel
+        cos, sin = cos.reshape(B, model.d_k).contiguous(), sin.reshape(B, model.d_k).contiguous()  # (B, d_k)
+        masks = {}  # a keep-mask (B, 1, 1, S) as (B, S) bytes, once per distinct mask
+        threads = torch.get_num_threads()
+        for i, block in enumerate(model.decoder_layers):
+            keep = keeps[i]
+            if keep is not None and id(keep) not in masks:
+                masks[id(keep)] = keep.reshape(B, -1).to(torch.uint8).contiguous()
+            decode_step.decode_layer(
+                x, self.norms[i], self.weights[i], (block.h, block.num_kv_heads, block.d_k), cos, sin,
+                cache.keys[i], cache.values[i], start, None if keep is None else masks[id(keep)], block.epsilon, threads,
+            )
+        return x.reshape(B, 1, model.d_model)

@@ -16,6 +16,7 @@ Legend: B prompts, P longest prompt, V vocabulary.
 import numbers
 import warnings
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -239,7 +240,13 @@ def _extended(buffer, max_length):
 def _call(model, ids, **options):
     """`model(ids, **options)`, through `call_sublayer`: a decoding step repeats Keras's `__call__` work
     on the whole model (its losses cleared layer by layer, ~480 layers for SmolLM2) for nothing when
-    the model needs none of it (docs/decisions.md item 58)."""
+    the model needs none of it (docs/decisions.md item 58). On torch without an autograd graph:
+    generation differentiates nothing, and the fused decoding step runs only then (item 143)."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        with torch.no_grad():
+            return call_sublayer(model, ops.convert_to_tensor(ids), **options)
     return call_sublayer(model, ops.convert_to_tensor(ids), **options)
 
 

@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #endif
 
-#define TILE 4
+#include "block_gemv.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline float hsum(__m256 v) {
@@ -113,26 +113,58 @@ int block_gemv_vectorized(int64_t group) {
 #endif
 }
 
+/* Whether the vector loop of W needs the groups' sums of x (an offset or a zero point). */
+int block_gemv_shifted(const float *offset, float zero, int64_t group) {
+    return block_gemv_vectorized(group) && (offset || zero != 0.0f);
+}
+
+/* xsum (M, G) = each group's sum of x (M, K); 1 where a sum is not finite (0 * inf = NaN in the
+ * factored sums: the caller multiplies those rows otherwise), else 0. */
+int block_gemv_group_sums(const float *x, int64_t M, int64_t K, int64_t group, float *xsum) {
+    const int64_t G = K / group;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < G; g++) {
+            float total = 0.0f;
+            for (int64_t i = 0; i < group; i++) total += x[m * K + g * group + i];
+            if (!isfinite(total)) return 1;
+            xsum[m * G + g] = total;
+        }
+    return 0;
+}
+
+/* out[m] = sum_k W[n, k] x[m, k] for t <= TILE rows of x and one row n of W (its values, scales and
+ * offsets); xsum: the t rows' group sums where block_gemv_shifted, else unread; plain: the scalar loop,
+ * which dequantizes each weight before multiplying (non-finite x). */
+void block_gemv_row(const float *x, int64_t K, int t, const uint8_t *vals, const float *sc, const float *off, int bits,
+                    float zero, int64_t group, const float *xsum, int plain, float *out) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (!plain && block_gemv_vectorized(group)) {
+        row_avx2_tile(x, K, t, vals, sc, bits, group, out);
+        if (off || zero != 0.0f) {
+            const int64_t G = K / group;
+            for (int m = 0; m < t; m++)
+                for (int64_t g = 0; g < G; g++) out[m] += ((off ? off[g] : 0.0f) - sc[g] * zero) * xsum[m * G + g];
+        }
+        return;
+    }
+#endif
+    (void)xsum;
+    (void)plain;
+    row_plain(x, K, t, vals, sc, off, bits, zero, group, out);
+}
+
 int block_gemv(const float *x, int64_t M, int64_t K, const uint8_t *values, const float *scale, const float *offset,
                 int bits, float zero, int64_t group, int64_t N, float *y, int threads) {
     const int64_t G = K / group, row_bytes = bits == 4 ? K / 2 : K;
-    const int vectorized = block_gemv_vectorized(group);
     /* sum_i W[n, i] x[m, i] = sum_g s_g sum_i q_i x_i + (o_g - s_g zero) xsum[m, g]: the vector loop
-     * multiplies the integers only; each group's constant part meets the group's sum of x here */
-    const int shifted = vectorized && (offset || zero != 0.0f);
+     * multiplies the integers only; each group's constant part meets the group's sum of x */
+    const int shifted = block_gemv_shifted(offset, zero, group);
     float *xsum = shifted ? (float *)malloc(sizeof(float) * (size_t)(M * G)) : 0;
     if (shifted && !xsum) return -1; /* no memory: block_gemv.py raises */
-    if (shifted)
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t g = 0; g < G; g++) {
-                float total = 0.0f;
-                for (int64_t i = 0; i < group; i++) total += x[m * K + g * group + i];
-                if (!isfinite(total)) { /* 0 * inf = NaN in the factored sums: block_gemv.py dequantizes */
-                    free(xsum);
-                    return 1;
-                }
-                xsum[m * G + g] = total;
-            }
+    if (shifted && block_gemv_group_sums(x, M, K, group, xsum)) {
+        free(xsum);
+        return 1; /* block_gemv.py dequantizes */
+    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *vals = values + n * row_bytes;
@@ -140,16 +172,7 @@ int block_gemv(const float *x, int64_t M, int64_t K, const uint8_t *values, cons
         for (int64_t m0 = 0; m0 < M; m0 += TILE) {
             const int t = M - m0 < TILE ? (int)(M - m0) : TILE;
             float out[TILE];
-#if defined(__AVX2__) && defined(__FMA__)
-            if (vectorized) {
-                row_avx2_tile(x + m0 * K, K, t, vals, sc, bits, group, out);
-                if (shifted)
-                    for (int m = 0; m < t; m++)
-                        for (int64_t g = 0; g < G; g++)
-                            out[m] += ((off ? off[g] : 0.0f) - sc[g] * zero) * xsum[(m0 + m) * G + g];
-            } else
-#endif
-                row_plain(x + m0 * K, K, t, vals, sc, off, bits, zero, group, out);
+            block_gemv_row(x + m0 * K, K, t, vals, sc, off, bits, zero, group, shifted ? xsum + m0 * G : 0, 0, out);
             for (int m = 0; m < t; m++) y[(m0 + m) * N + n] = out[m];
         }
     }

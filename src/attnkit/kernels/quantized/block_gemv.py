@@ -6,7 +6,7 @@ Dequantizing W to a float32 temporary and then running a GEMM (block_matmul's pa
 CPU kernels were measured slower than a float32 `linear` on an AVX2 CPU (block_matmul.py). This
 kernel (block_gemv.c) reads the packed bytes once and multiplies in float32, activations unrounded.
 
-The C source is compiled on first use with the system's C compiler (`cc`, -O3 -march=native
+The C sources (with decode_step.c, which calls these products) are compiled on first use with the system's C compiler (`cc`, -O3 -march=native
 -fopenmp) into ATTNKIT_CACHE (default ~/.cache/attnkit)/kernels, keyed by the source, the compiler
 and the CPU's flags, written aside and renamed into place; it is loaded with ctypes and runs on
 torch's own OpenMP threads (torch.get_num_threads()). Where no compiler is found or the build fails,
@@ -24,7 +24,9 @@ import subprocess
 import tempfile
 import warnings
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "block_gemv.c")
+HERE = os.path.dirname(os.path.abspath(__file__))
+# one library: block_gemv.c's products and decode_step.c's decoder block, which multiplies with them
+SOURCES = tuple(os.path.join(HERE, name) for name in ("block_gemv.h", "block_gemv.c", "decode_step.c"))
 MAX_ROWS = 32  # beyond this a dequantize-then-GEMM (compute-bound) is the faster product
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _library = None  # the loaded library, False after a failed build, None before the first try
@@ -125,8 +127,10 @@ def build(flags=FLAGS):
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise OSError("no C compiler found: neither $CC nor `cc` is on PATH")
-    with open(SOURCE, "rb") as f:
-        source = f.read()
+    source = b""
+    for name in SOURCES:
+        with open(name, "rb") as f:
+            source += f.read()
     key = hashlib.sha256(source + compiler.encode() + " ".join(flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
     folder = os.path.join(os.environ.get("ATTNKIT_CACHE", os.path.expanduser("~/.cache/attnkit")), "kernels")
     path = os.path.join(folder, f"block_gemv-{key}.so")
@@ -136,7 +140,7 @@ def build(flags=FLAGS):
         handle, aside = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(handle)
         try:
-            subprocess.run([compiler, *flags, SOURCE, "-o", aside], check=True, capture_output=True, timeout=120)
+            subprocess.run([compiler, *flags, *(name for name in SOURCES if name.endswith(".c")), "-o", aside], check=True, capture_output=True, timeout=120)
             os.replace(aside, path)
         except subprocess.CalledProcessError as error:
             raise OSError(f"{compiler} failed: {error.stderr.decode(errors='replace').strip()[:300]}") from None
@@ -149,4 +153,5 @@ def build(flags=FLAGS):
     library.block_gemv.restype = ctypes.c_int
     library.bfloat16_gemv.argtypes = [pointer, i64, i64, pointer, i64, pointer, ctypes.c_int]
     library.bfloat16_gemv.restype = None
+    library.decode_layer.restype = ctypes.c_int  # its arguments: decode_step.py
     return library
