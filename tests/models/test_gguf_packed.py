@@ -109,17 +109,21 @@ def test_the_plain_torch_step_runs_packed_blocks_as_the_layers_do(loaded, monkey
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="block_gemv is torch's CPU kernel")
-def test_decoding_steps_run_the_packed_kernel(loaded, monkeypatch):
-    """A batch-1 step's products go to `block_gemv` (a build failure would only warn and fall back)."""
-    from attnkit.kernels.quantized import block_gemv
+def test_decoding_steps_run_the_packed_kernels(loaded, monkeypatch):
+    """A batch-1 prefill's products go to `block_gemv`, and the step after it to the fused block
+    (`decode_step`, item 143): a build failure would only warn and fall back."""
+    from attnkit.kernels.quantized import block_gemv, decode_step
 
-    calls = []
-    kernel = block_gemv.block_gemv
+    calls, blocks = [], []
+    kernel, layer = block_gemv.block_gemv, decode_step.decode_layer
     monkeypatch.setattr(block_gemv, "block_gemv", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(decode_step, "decode_layer", lambda *a, **k: blocks.append(1) or layer(*a, **k))
     _, _, packed_lm = loaded
     packed_lm.generate_ids([[5, 6, 7]], max_new_tokens=2, stop_tokens=[])
-    # every projection of the prefill and the step after it, and the output's where it holds blocks
-    assert len(calls) == 2 * (LAYERS * 7 + (packed_lm.model.lm_head is not None))
+    # the prefill: every projection, and the output where it holds blocks; the step: every block
+    # fused, and the output again
+    head = packed_lm.model.lm_head is not None
+    assert len(calls) == LAYERS * 7 + 2 * head and len(blocks) == LAYERS
 
 
 @pytest.mark.parametrize("role", ["attn_q", "ffn_up"])
