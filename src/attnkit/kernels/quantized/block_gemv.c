@@ -49,16 +49,16 @@ static inline __attribute__((always_inline)) void row_avx2(
             const __m128i mask = _mm_set1_epi8(15);
             const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
             const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-            const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+            const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
             const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-            const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+            const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
             for (int m = 0; m < t; m++) {
                 const float *xm = xg + m * K;
-                __m256 d = _mm256_mul_ps(q0, _mm256_loadu_ps(xm));
-                d = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xm + 8), d);
-                d = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xm + 16), d);
-                d = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xm + 24), d);
-                acc[m] = _mm256_fmadd_ps(s, d, acc[m]);
+                /* two independent chains: four dependent FMAs a group left the FMA units waiting */
+                __m256 d0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xm)), d1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xm + 8));
+                d0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xm + 16), d0);
+                d1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xm + 24), d1);
+                acc[m] = _mm256_fmadd_ps(s, _mm256_add_ps(d0, d1), acc[m]);
             }
         } else { /* int8, group a multiple of 8 */
             const int8_t *q = (const int8_t *)vals + g * group;
@@ -140,10 +140,20 @@ void block_gemv_row(const float *x, int64_t K, int t, const uint8_t *vals, const
 #if defined(__AVX2__) && defined(__FMA__)
     if (!plain && block_gemv_vectorized(group)) {
         row_avx2_tile(x, K, t, vals, sc, bits, group, out);
-        if (off || zero != 0.0f) {
+        if (off || zero != 0.0f) { /* + sum_g (o_g - s_g zero) xsum[m, g], eight groups at a time */
             const int64_t G = K / group;
-            for (int m = 0; m < t; m++)
-                for (int64_t g = 0; g < G; g++) out[m] += ((off ? off[g] : 0.0f) - sc[g] * zero) * xsum[m * G + g];
+            const __m256 z = _mm256_set1_ps(zero);
+            for (int m = 0; m < t; m++) {
+                const float *xs = xsum + m * G;
+                __m256 acc = _mm256_setzero_ps();
+                int64_t g = 0;
+                for (; g + 8 <= G; g += 8) {
+                    const __m256 c = _mm256_fnmadd_ps(_mm256_loadu_ps(sc + g), z, off ? _mm256_loadu_ps(off + g) : _mm256_setzero_ps());
+                    acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(xs + g), acc);
+                }
+                out[m] += hsum(acc);
+                for (; g < G; g++) out[m] += ((off ? off[g] : 0.0f) - sc[g] * zero) * xs[g];
+            }
         }
         return;
     }
