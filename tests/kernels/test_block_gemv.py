@@ -14,39 +14,9 @@ gguf = pytest.importorskip("gguf")
 import torch  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from attnkit.kernels.quantized import PACKED_TYPES, block_gemv, block_linear, repack  # noqa: E402
-from attnkit.kernels.quantized.gguf_blocks import dequantize_numpy  # noqa: E402
+from packed_blocks import K, N, layout, packed, tensors  # noqa: E402
 
-N, K = 40, 512  # K: two Q4_K / Q6_K super-blocks
-
-
-def packed(type_name, seed):
-    """(BlockWeights, its float64 dequantization (N, K)) from blocks gguf writes, or random K-quant blocks."""
-    rng = np.random.default_rng(seed)
-    kind = gguf.GGMLQuantizationType[type_name]
-    try:
-        raw = gguf.quants.quantize(rng.standard_normal((N, K)).astype(np.float32), kind)
-    except NotImplementedError:  # gguf cannot quantize K-quants: random blocks with finite float16 scales
-        block, size = gguf.constants.GGML_QUANT_SIZES[kind]
-        raw = rng.integers(0, 256, (N, K // block * size), dtype=np.uint8)
-        halves = {"Q4_K": (0, 2), "Q6_K": (208,)}[type_name]
-        for b in range(K // block):
-            for h in halves:
-                raw[:, b * size + h : b * size + h + 2] = np.frombuffer(
-                    rng.uniform(0.01, 0.1, N).astype(np.float16).tobytes(), np.uint8
-                ).reshape(N, 2)
-    weights = repack(raw, type_name, (N, K))
-    return weights, dequantize_numpy(weights).astype(np.float64)
-
-
-def tensors(weights):
-    offset = None if weights.offset is None else torch.from_numpy(weights.offset)
-    return torch.from_numpy(weights.values), torch.from_numpy(weights.scale), offset
-
-
-def layout(weights):
-    return dict(bits=weights.bits, zero=weights.zero, group=weights.group, shape=weights.shape)
-
+from attnkit.kernels.quantized import PACKED_TYPES, block_gemv, block_linear  # noqa: E402
 
 def assert_float32_product(y, x, reference):
     expected = x.astype(np.float64) @ reference.T

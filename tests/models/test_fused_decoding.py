@@ -172,3 +172,47 @@ def test_the_fused_step_writes_the_cache_at_its_slot(monkeypatch):
     np.testing.assert_array_equal(keys[:, :, :3], prefill[:, :, :3])
     assert np.abs(keys[:, :, 3]).max() > 0 and not keys[:, :, 4:].any()
     assert LAYERS == 2  # the files' layer count, which the GGUF cases above rely on
+
+
+@pytest.fixture
+def rounding(packed):
+    """The packed model with q8 activations (item 144) for one test, then as it was."""
+    from attnkit.layers.block_quantized import round_activations
+
+    round_activations(packed.model, "q8")
+    yield packed
+    round_activations(packed.model, None)
+
+
+def test_q8_fused_steps_equal_the_blocks(rounding, monkeypatch):
+    """With q8 activations both paths round each product's input and multiply integers: the fused
+    block computes what `decoder_block` computes, mostly bit for bit. Their norms and attention
+    round differently in float32 (1e-7), so an input on a rounding boundary can take the next
+    integer in one path: that product then moves by one step, 1/127 of its block's largest value,
+    and the layers after it carry the change (the tolerance)."""
+    ours, our_cache, calls = _decode(rounding.model, True, monkeypatch)
+    theirs, their_cache, _ = _decode(rounding.model, False, monkeypatch)
+    assert calls == (len(ours) - 1) * rounding.model.n
+    for a, b in zip(ours + our_cache, theirs + their_cache):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-2 * np.abs(b).max())
+    assert any(np.array_equal(a, b) for a, b in zip(ours[1:], theirs[1:]))  # the same integer products
+
+
+def test_q8_rounds_and_differs_from_the_unrounded_model(rounding, monkeypatch):
+    model = rounding.model
+    q8 = _decode(model, True, monkeypatch)[0]
+    from attnkit.layers.block_quantized import round_activations
+
+    round_activations(model, None)
+    exact = _decode(model, True, monkeypatch)[0]
+    round_activations(model, "q8")
+    for a, b in zip(q8, exact):
+        difference = np.abs(a - b).max() / np.abs(b).max()
+        assert 0 < difference < 0.1  # rounded (not the exact products), and near them (random blocks: 3.5% at most)
+
+
+def test_q8_greedy_tokens_equal_the_blocks(rounding, monkeypatch):
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    ours = rounding.generate_ids(prompts, max_new_tokens=8, stop_tokens=[])
+    monkeypatch.setattr(_torch_decoding.FusedBlocks, "takes", lambda *a: False)
+    assert ours == rounding.generate_ids(prompts, max_new_tokens=8, stop_tokens=[])

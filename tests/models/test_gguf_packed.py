@@ -206,3 +206,18 @@ def test_int8_and_int4_quantize_every_projection_weight_only(llama_directory, dt
     error = np.abs(ours - expected).max() / np.abs(expected).max()
     assert 0 < error < tolerance  # quantized (not the float weights), and close to them
     assert packed_bytes(lm.model) < (0.4 if dtype == "int8" else 0.3) * packed_bytes(float_lm.model)
+
+
+def test_q8_activations_load_for_packed_dtypes_and_are_refused_otherwise(tmp_path, llama_directory):
+    """`activations="q8"` (item 144) rounds every packed product's input; float models have none."""
+    path = write_llama(tmp_path / "q.gguf", "Q4_1", "Q8_0")
+    lm = load_causal_lm(path, dtype="gguf", activations="q8")
+    projections = list(_projections(lm.model))
+    assert projections and all(p.block_format["activations"] == "q8" for p in projections)
+    with pytest.raises(ValueError, match=r"needs dtype 'int8', 'int4' or 'gguf'. Received: dtype='float32'"):
+        load_causal_lm(path, dtype="float32", activations="q8")
+    with pytest.raises(ValueError, match=r"`activations` must be None or 'q8'. Received: activations='int8'"):
+        load_causal_lm(path, dtype="gguf", activations="int8")
+    directory, _ = llama_directory
+    lm = load_causal_lm(directory, dtype="int8", activations="q8")
+    assert all(p.block_format["activations"] == "q8" for p in _projections(lm.model))

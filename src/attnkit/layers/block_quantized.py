@@ -32,10 +32,7 @@ def keep_blocks(dense, weights, activations=None):
     if not dense.built or dense.quantization_mode is not None or dense.lora_enabled:
         raise ValueError(f"`{dense.name}` must be a built, float Linear without LoRA to keep blocks in it")
     n, k = weights.shape
-    if activations not in (None, "int8"):
-        raise ValueError(f"`activations` must be None or 'int8'. Received: activations={activations!r}")
-    if activations == "int8" and (weights.bits != 8 or weights.zero or weights.offset is not None or weights.group != k):
-        raise ValueError(f"int8 activations need per-row int8 weights (`quantize_int8`). Received: {weights.type_name} blocks for `{dense.name}`")
+    check_activations(activations, weights.bits, weights.group, weights.shape, weights.type_name, dense.name, weights.zero, weights.offset)
     if tuple(dense.kernel.shape) != (k, n):
         raise ValueError(
             f"Blocks of shape (N, K)={weights.shape} do not fit `{dense.name}`'s kernel (K, N)={tuple(dense.kernel.shape)}"
@@ -58,6 +55,46 @@ def keep_blocks(dense, weights, activations=None):
     dense.block_type = weights.type_name
     dense._is_quantized = True  # the policy below must not make Keras quantize the layer again
     dense.dtype_policy = keras.dtype_policies.get(f"{'int4' if weights.bits == 4 else 'int8'}_from_{source}")
+
+
+def check_activations(activations, bits, group, shape, type_name, name, zero=0, offset=None):
+    """Raises a ValueError unless blocks of this layout take `activations` (None, "int8", "q8")."""
+    from attnkit.kernels.quantized.block_gemv import q8_takes
+
+    if activations not in (None, "int8", "q8"):
+        raise ValueError(f"`activations` must be None, 'int8' or 'q8'. Received: activations={activations!r}")
+    if activations == "int8" and (bits != 8 or zero or offset is not None or group != shape[1]):
+        raise ValueError(f"int8 activations need per-row int8 weights (`quantize_int8`). Received: {type_name} blocks for `{name}`")
+    if activations == "q8" and not q8_takes(bits, group, shape[1]):
+        raise ValueError(
+            f"q8 activations need 4-bit groups of 32 or 8-bit groups of 16 or of a multiple of 32, with K a multiple of 32. "
+            f"Received: {type_name} blocks of group {group} and shape {tuple(shape)} for `{name}`"
+        )
+
+
+def round_activations(model, activations):
+    """Sets how every projection of `model` holding blocks treats its input: None (as it is) or "q8"
+    (rounded to 8-bit blocks of 32, llama.cpp's arithmetic; docs/decisions.md item 144).
+
+    Raises:
+        ValueError: a bad value, no projection holding blocks, or one whose layout cannot take it.
+    """
+    layers = [layer for layer in model._flatten_layers() if getattr(layer, "block_format", None) is not None]
+    if activations not in (None, "q8"):
+        raise ValueError(f"`activations` must be None or 'q8'. Received: activations={activations!r}")
+    if activations is not None and not layers:
+        raise ValueError("`activations='q8'` rounds the inputs of projections holding quantized blocks; this model has none")
+    for layer in layers:
+        layout = layer.block_format
+        check_activations(activations, layout["bits"], layout["group"], layout["shape"], layer.block_type, layer.name)
+        if layout.get("activations") == "int8":
+            raise ValueError(f"`{layer.name}` holds dynamic int8 products; its activations cannot change")
+    for layer in layers:
+        layer.block_format.pop("activations", None)
+        if activations is not None:
+            layer.block_format["activations"] = activations
+    if getattr(model, "_torch_decoding_plan", None) is not None:
+        model._torch_decoding_plan = None  # its fused blocks read the layouts once
 
 
 def _constant(layer, name, array):

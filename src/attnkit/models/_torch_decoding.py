@@ -21,6 +21,7 @@ Legend: B batch, T new tokens, S keys (cache), h / h_kv heads, d_k per-head widt
 """
 
 import keras
+from keras.dtype_policies import DTypePolicyMap
 from keras.src.backend.common.stateless_scope import in_stateless_scope  # no public name in Keras 3
 
 from attnkit.kernels.quantized import block_gemv, block_linear, decode_step
@@ -156,7 +157,12 @@ class _Plan:
         # Each layer's own policy: in a policy map (a reloaded quantized model's) its entry, which `quantize` replaces.
         self.policies = [own_policy(leaf) for leaf in self.leaves]
         self.lora = [getattr(leaf, "lora_enabled", False) for leaf in self.leaves]
-        self.variables = []
+        # what `current` compares each call: the policy objects the layers hold, their map entries, the
+        # LoRA switches of the layers that have one
+        self.held = [(leaf, leaf._dtype_policy) for leaf in self.leaves]
+        self.mapped = [(leaf, policy) for leaf, policy in zip(self.leaves, self.policies) if isinstance(leaf._dtype_policy, DTypePolicyMap)]
+        self.switches = [(leaf, lora) for leaf, lora in zip(self.leaves, self.lora) if hasattr(leaf, "lora_enabled")]
+        self.variables, self._read = [], set()
         self.plain = all(
             (policy.quantization_mode is None or holds_blocks(leaf)) and policy.compute_dtype == policy.variable_dtype
             and policy.compute_dtype in ("float32", "bfloat16", "float16")  # those `kernels.rms_norm` takes
@@ -173,14 +179,18 @@ class _Plan:
 
     def current(self):
         """Whether every layer and variable is still the one this plan read."""
+        # run before every call: identity checks only (a decoding step's budget is a few milliseconds)
         return (
-            all(own_policy(leaf) is policy for leaf, policy in zip(self.leaves, self.policies))
-            and all(getattr(leaf, "lora_enabled", False) == lora for leaf, lora in zip(self.leaves, self.lora))
-            and all(variable._value is tensor for variable, tensor in self.variables)
+            all(variable._value is tensor for variable, tensor in self.variables)
+            and all(leaf._dtype_policy is policy for leaf, policy in self.held)
+            and all(own_policy(leaf) is policy for leaf, policy in self.mapped)
+            and all(leaf.lora_enabled == lora for leaf, lora in self.switches)
         )
 
     def tensor(self, variable):
-        self.variables.append((variable, variable.value))
+        if id(variable) not in self._read:  # each variable checked once, however many parts read it
+            self._read.add(id(variable))
+            self.variables.append((variable, variable.value))
         return variable.value
 
     def product(self, dense):

@@ -31,7 +31,7 @@ from attnkit.checkpoints.tokenizers import added_tokens, tokenizer_class
 from attnkit.layers.rms_norm import RMSNorm
 from attnkit.kernels.quantized import BlockWeights
 from attnkit.kernels.quantized.weight_only import INT4_GROUP, quantize_int4, quantize_int8
-from attnkit.layers.block_quantized import keep_blocks
+from attnkit.layers.block_quantized import keep_blocks, round_activations
 from attnkit.layers.linear import Linear
 from attnkit.models.causal_lm import CausalLM
 from attnkit.pipelines.causal_lm import PretrainedCausalLM
@@ -73,7 +73,7 @@ def is_causal_checkpoint(path):
     return isinstance(config, dict) and config.get("model_type") in HF_MODEL_TYPES + tuple(families.REFUSED)
 
 
-def load_causal_lm(path=None, *, dtype="float32"):
+def load_causal_lm(path=None, *, dtype="float32", activations=None):
     """Loads a decoder-only model with its tokenizer and chat template.
 
     Args:
@@ -87,6 +87,11 @@ def load_causal_lm(path=None, *, dtype="float32"):
             projection into packed blocks (item 138), computing in float32; "gguf" (a GGUF file only): the file's Q4_0, Q4_1, Q8_0,
             Q4_K and Q6_K blocks kept packed, dequantized inside each product (other quantized
             types refused by name). Embeddings and norms stay float32 in the last three.
+        activations: None (default): products take their inputs as they are, so a packed model
+            computes what its dequantized float32 model computes; "q8" (with "int8", "int4" or
+            "gguf"): every packed product rounds its input to 8-bit blocks of 32 first and multiplies
+            integers, llama.cpp's arithmetic and speed (docs/decisions.md item 144), within about
+            1e-3 of the unrounded product.
 
     Returns:
         A `PretrainedCausalLM`.
@@ -101,6 +106,10 @@ def load_causal_lm(path=None, *, dtype="float32"):
         raise TypeError(f"`path` must be a GGUF file or a model directory, or None. Received: path of type {type(path).__name__}")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ValueError(f"`dtype` must be one of {DTYPES}. Received: dtype={dtype!r}")
+    if activations not in (None, "q8"):
+        raise ValueError(f"`activations` must be None or 'q8'. Received: activations={activations!r}")
+    if activations is not None and dtype not in ("int8", "int4", "gguf"):
+        raise ValueError(f"`activations='q8'` rounds the inputs of packed products: it needs dtype 'int8', 'int4' or 'gguf'. Received: dtype={dtype!r}")
     path = os.fspath(default_causal_lm_path() if path is None else path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No such model file or directory: {path}")
@@ -135,6 +144,8 @@ def load_causal_lm(path=None, *, dtype="float32"):
     assign_weights(model, config, weights, path)
     if dtype in ("int8", "int4"):
         quantize_projections(model, dtype)
+    if activations is not None:
+        round_activations(model, activations)
     model.trainable = False
     return PretrainedCausalLM(
         model, tokenizer, chat_template=template, special_tokens=special, stop_ids=stop_ids,

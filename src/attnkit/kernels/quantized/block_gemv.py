@@ -26,7 +26,7 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # one library: block_gemv.c's products and decode_step.c's decoder block, which multiplies with them
-SOURCES = tuple(os.path.join(HERE, name) for name in ("block_gemv.h", "block_gemv.c", "decode_step.c"))
+SOURCES = tuple(os.path.join(HERE, name) for name in ("block_gemv.h", "block_gemv.c", "block_gemv_q8.c", "decode_step.c"))
 MAX_ROWS = 32  # beyond this a dequantize-then-GEMM (compute-bound) is the faster product
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _library = None  # the loaded library, False after a failed build, None before the first try
@@ -37,13 +37,17 @@ def available():
     return _load() is not None
 
 
-def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, library=None):
+def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, activations=None, library=None):
     """x (M, K) float32 CPU torch tensor times W^T from packed blocks -> (M, N) float32, or None where a
     group of x sums to an infinity or NaN and W has offsets or a zero point: the factored sums would
     give NaN where the product is infinite (the caller then dequantizes; NaN in x gives NaN either way).
 
     Args: as `block_matmul.dequantize` (values uint8 (N, K / 2) for bits 4, else int8 (N, K); scale
     and offset float32 (N, G), offset possibly None), as CPU torch tensors.
+
+    activations: None (x multiplied as it is), or "q8": x rounded to 8-bit blocks of 32 first, as
+    llama.cpp rounds it, and integer dot products (block_gemv_q8.c; docs/decisions.md item 144; a
+    layout `q8_takes`). A row that cannot be rounded (non-finite) is multiplied unrounded.
 
     library: a library from `build` (tests build one with other flags); default the kernel.
 
@@ -67,13 +71,19 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, library=No
     y = torch.empty((m, n), dtype=torch.float32)
     values, scale = values.contiguous(), scale.contiguous()
     offset = None if offset is None else offset.contiguous()
-    status = library.block_gemv(
+    status = (library.block_gemv_q8 if activations == "q8" else library.block_gemv)(
         x.data_ptr(), m, k, values.data_ptr(), scale.data_ptr(), None if offset is None else offset.data_ptr(),
         bits, float(zero), group, n, y.data_ptr(), torch.get_num_threads(),
     )
     if status == -1:
         raise MemoryError(f"block_gemv could not allocate {m} x {k // group} floats")
     return None if status == 1 else y
+
+
+def q8_takes(bits, group, k):
+    """Whether `activations="q8"` multiplies weights of this layout (4-bit groups of 32; 8-bit groups
+    of 16 or of a multiple of 32; K a multiple of 32)."""
+    return k % 32 == 0 and ((bits == 4 and group == 32) or (bits == 8 and (group == 16 or group % 32 == 0)))
 
 
 def bfloat16_gemv(x, weight, library=None):
@@ -151,6 +161,7 @@ def build(flags=FLAGS):
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     library.block_gemv.argtypes = [pointer, i64, i64, pointer, pointer, pointer, ctypes.c_int, ctypes.c_float, i64, i64, pointer, ctypes.c_int]
     library.block_gemv.restype = ctypes.c_int
+    library.block_gemv_q8.argtypes, library.block_gemv_q8.restype = library.block_gemv.argtypes, ctypes.c_int
     library.bfloat16_gemv.argtypes = [pointer, i64, i64, pointer, i64, pointer, ctypes.c_int]
     library.bfloat16_gemv.restype = None
     library.decode_layer.restype = ctypes.c_int  # its arguments: decode_step.py

@@ -63,22 +63,30 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
     float32 x: float32 products. bfloat16 x: W rounded to bfloat16 (the weights a bfloat16 model
     holds), the products accumulated in float32 by the backend's own bfloat16 GEMM.
     activations="int8" (weights of `weight_only.quantize_int8`): x is quantized too, per call
-    (`dynamic_int8`, docs/decisions.md item 141); its result is float32."""
+    (`dynamic_int8`, docs/decisions.md item 141); its result is float32. activations="q8": x rounded
+    to 8-bit blocks of 32 as llama.cpp rounds it (`round_q8`, item 144), then multiplied: integer dot
+    products in `block_gemv` for a few rows on torch's CPU, the float product of x^ elsewhere."""
     if activations == "int8":
         if bits != 8 or zero or offset is not None or group != shape[1]:
             raise ValueError(f"int8 activations need per-row int8 weights (group = K, no offset). Received: bits={bits}, group={group}, shape={shape}")
         return dynamic_int8.linear(x, values, scale, bias)
-    if activations is not None:
-        raise ValueError(f"`activations` must be None or 'int8'. Received: activations={activations!r}")
+    if activations not in (None, "q8"):
+        raise ValueError(f"`activations` must be None, 'int8' or 'q8'. Received: activations={activations!r}")
+    if activations == "q8" and not block_gemv.q8_takes(bits, group, shape[1]):
+        raise ValueError(f"q8 activations need 4-bit groups of 32 or 8-bit groups of 16 or of a multiple of 32, K a multiple of 32. Received: bits={bits}, group={group}, shape={shape}")
     dtype = ops.dtype(x) if hasattr(x, "dtype") else "float32"
     dtype = dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
     if _few_rows_on_cpu(x, values, scale, dtype):
         # a decoding step's product: the packed bytes read once, dequantized in registers (block_gemv)
         k = shape[1]
-        y = block_gemv.block_gemv(x.reshape(-1, k), values, scale, offset, bits=bits, zero=zero, group=group, shape=shape)
+        y = block_gemv.block_gemv(
+            x.reshape(-1, k), values, scale, offset, bits=bits, zero=zero, group=group, shape=shape, activations=activations
+        )
         if y is not None:  # None: an infinity in x, which the kernel's factored sums would turn into NaN
             y = y.reshape(*x.shape[:-1], shape[0])  # (..., N)
             return y if bias is None else y + bias
+    if activations == "q8":
+        x = ops.cast(round_q8(x), dtype)  # x^: the same rounding as block_gemv_q8.c, then the float product
     w = dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape, dtype=dtype)  # (N, K)
     if keras.backend.backend() == "torch" and ops.is_tensor(x):
         import torch
@@ -88,6 +96,25 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
         return torch.nn.functional.linear(x.to(w.dtype), w, b)
     y = ops.matmul(ops.cast(x, dtype), ops.transpose(w))  # (..., N)
     return y if bias is None else ops.add(y, ops.cast(bias, dtype))
+
+
+def round_q8(x):
+    """x (..., K), K a multiple of 32 -> x^ (..., K) float32: each block of 32 of a row rounded as
+    llama.cpp's Q8_0 rounds it (block_gemv_q8.c; docs/decisions.md item 144),
+    d = float16(max|x_b| / 127), x^_i = d round_half_even(x_i 127 / max|x_b|); a row with a block
+    that cannot be rounded (an infinity or NaN, or d beyond float16) stays unrounded. No gradient
+    flows through the rounding (inference only)."""
+    x = ops.cast(x, "float32")
+    shape = ops.shape(x)
+    k = shape[-1]
+    blocks = ops.reshape(x, (-1, k // 32, 32))  # (rows, K / 32, 32)
+    top = ops.max(ops.abs(blocks), axis=-1, keepdims=True)  # (rows, K / 32, 1)
+    d = ops.cast(ops.cast(ops.divide(top, 127.0), "float16"), "float32")
+    positive = ops.greater(top, 0.0)
+    inverse = ops.where(positive, ops.divide(127.0, ops.where(positive, top, 1.0)), 0.0)
+    rounded = ops.multiply(ops.round(ops.multiply(blocks, inverse)), d)
+    fine = ops.logical_and(ops.all(ops.isfinite(blocks), axis=(1, 2)), ops.all(ops.isfinite(d), axis=(1, 2)))  # (rows,)
+    return ops.reshape(ops.where(ops.reshape(fine, (-1, 1, 1)), rounded, blocks), shape)
 
 
 def _few_rows_on_cpu(x, values, scale, dtype):

@@ -5,7 +5,8 @@
  *   x = x + W_down(SiLU(Norm(x) W_gate) * (Norm(x) W_up))
  *
  * the block `decoder_block` defines (layers/decoder_block.py), for the options this kernel takes:
- * RMSNorm without offset, no q/k norms, SiLU gate, the default scale 1/sqrt(d_k); biases optional.
+ * RMSNorm without offset, no q/k norms, SiLU gate, the default scale 1/sqrt(d_k); biases optional;
+ * each projection's input as it is or rounded to 8-bit blocks (q8, block_gemv_q8.c).
  * Each step of it is the arithmetic the torch path runs, in float32 (the norm's mean of squares summed
  * in double), so the two differ by float32 rounding only (tests/kernels/test_decode_step.py).
  *
@@ -21,6 +22,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "block_gemv.h"
 
@@ -30,11 +34,32 @@ struct projection { /* y = x W^T + bias, W as block_gemv reads it */
     int64_t n, k, group;
     int32_t bits;
     float zero;
+    int32_t q8; /* 1: x rounded to 8-bit blocks of 32 first (block_gemv_q8.c) */
+};
+
+struct rounded { /* x rounded for the q8 products: block_gemv_q8_round's outputs */
+    int8_t *q;
+    float *d;
+    int32_t *qsum;
+    uint8_t *ok;
 };
 
 /* y (M, N) = x (M, K) W^T + bias; called by every thread of the region (orphaned directives). */
-static void product(const struct projection *p, const float *x, int64_t M, float *y, float *xsum, int *plain) {
+static void product(const struct projection *p, const float *x, int64_t M, float *y, float *xsum, int *plain,
+                    const struct rounded *r) {
     const int64_t K = p->k, N = p->n, G = K / p->group, row_bytes = p->bits == 4 ? K / 2 : K;
+    if (p->q8) {
+#pragma omp single
+        block_gemv_q8_round(x, M, K, r->q, r->d, r->qsum, r->ok);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            block_gemv_q8_rows(x, r->q, r->d, r->qsum, r->ok, M, K, p->values + n * row_bytes, p->scale + n * G,
+                               p->offset ? p->offset + n * G : 0, p->bits, p->zero, p->group, y + n, N);
+            if (p->bias)
+                for (int64_t m = 0; m < M; m++) y[m * N + n] += p->bias[n];
+        }
+        return;
+    }
     const int shifted = block_gemv_shifted(p->offset, p->zero, p->group);
 #pragma omp single
     *plain = shifted && block_gemv_group_sums(x, M, K, p->group, xsum); /* non-finite x: dequantize each weight */
@@ -72,6 +97,21 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t d) {
     }
 }
 
+/* sum_i a_i b_i */
+static inline float dot(const float *a, const float *b, int64_t d) {
+    int64_t i = 0;
+    float total = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    total = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+#endif
+    for (; i < d; i++) total += a[i] * b[i];
+    return total;
+}
+
 /* out (d) = softmax(scale q K^T over the kept keys) V; masked keys weigh 0 (as the explicit path's
  * weights times the mask), and a row with no kept key gives sum_j 0 * v_j. scores: S floats. */
 static void attend(const float *q, const float *keys, const float *values, int64_t S, int64_t d, const uint8_t *keep,
@@ -80,9 +120,7 @@ static void attend(const float *q, const float *keys, const float *values, int64
     int any = 0;
     for (int64_t j = 0; j < S; j++) {
         if (keep && !keep[j]) continue;
-        float s = 0.0f;
-        for (int64_t i = 0; i < d; i++) s += q[i] * keys[j * d + i];
-        scores[j] = s * scale;
+        scores[j] = dot(q, keys + j * d, d) * scale;
         if (scores[j] > top) top = scores[j];
         any = 1;
     }
@@ -112,16 +150,21 @@ int decode_layer(float *x, int64_t M, int64_t D, const float *norm1, const float
     const int64_t widest = D > F ? (D > dq ? D : dq) : (F > dq ? F : dq);
     const size_t floats = (size_t)(M * (D + dq + 2 * dkv + dq + D + 2 * F + widest) + M * H * S);
     float *scratch = (float *)malloc(sizeof(float) * floats);
-    if (!scratch) return -1;
+    const struct rounded r = {(int8_t *)malloc((size_t)(M * widest)), (float *)malloc(sizeof(float) * (size_t)(M * widest / 32 + 1)),
+                              (int32_t *)malloc(sizeof(int32_t) * (size_t)(M * widest / 32 + 1)), (uint8_t *)malloc((size_t)M)};
+    if (!scratch || !r.q || !r.d || !r.qsum || !r.ok) {
+        free(scratch), free(r.q), free(r.d), free(r.qsum), free(r.ok);
+        return -1;
+    }
     float *normed = scratch, *q = normed + M * D, *k = q + M * dq, *v = k + M * dkv, *heads = v + M * dkv;
     float *out = heads + M * dq, *gate = out + M * D, *up = gate + M * F, *xsum = up + M * F, *scores = xsum + M * widest;
     int plain = 0;
 #pragma omp parallel num_threads(threads)
     {
         rms_norm(x, M, D, norm1, eps, normed);
-        product(wq, normed, M, q, xsum, &plain);
-        product(wk, normed, M, k, xsum, &plain);
-        product(wv, normed, M, v, xsum, &plain);
+        product(wq, normed, M, q, xsum, &plain, &r);
+        product(wk, normed, M, k, xsum, &plain, &r);
+        product(wv, normed, M, v, xsum, &plain, &r);
 #pragma omp for schedule(static)
         for (int64_t mh = 0; mh < M * H; mh++) { /* RoPE on each query head */
             const int64_t m = mh / H;
@@ -140,18 +183,18 @@ int decode_layer(float *x, int64_t M, int64_t D, const float *norm1, const float
             attend(q + mh * dk, keys + cached, values + cached, S, dk, keep ? keep + m * S : 0, scale, scores + mh * S,
                    heads + mh * dk);
         }
-        product(wo, heads, M, out, xsum, &plain);
+        product(wo, heads, M, out, xsum, &plain, &r);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < M * D; i++) x[i] += out[i];
         rms_norm(x, M, D, norm2, eps, normed);
-        product(wg, normed, M, gate, xsum, &plain);
-        product(wu, normed, M, up, xsum, &plain);
+        product(wg, normed, M, gate, xsum, &plain, &r);
+        product(wu, normed, M, up, xsum, &plain, &r);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < M * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i]; /* SiLU(gate) * up */
-        product(wd, gate, M, out, xsum, &plain);
+        product(wd, gate, M, out, xsum, &plain, &r);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < M * D; i++) x[i] += out[i];
     }
-    free(scratch);
+    free(scratch), free(r.q), free(r.d), free(r.qsum), free(r.ok);
     return 0;
 }

@@ -11,7 +11,8 @@ the explicit path.
 
 What it takes (`fusable` says; otherwise the torch path runs): float32 activations, RMSNorm without
 offset, SiLU gate, no q/k norms, the default scale 1/sqrt(d_k), projections holding 8-bit blocks of
-any group that is a multiple of 8 or 4-bit blocks of 32 (as `block_gemv`), biases or not.
+any group that is a multiple of 8 or 4-bit blocks of 32 (as `block_gemv`), biases or not; inputs
+as they are or rounded to 8-bit blocks (`activations="q8"`, item 144, as `block_gemv_q8` takes them).
 
 Legend: M sequences (one new token each), D d_model, H / Hkv heads, d_k per-head width, S keys.
 """
@@ -29,16 +30,16 @@ class Projection(ctypes.Structure):
     _fields_ = [
         ("values", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p), ("bias", ctypes.c_void_p),
         ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int32),
-        ("zero", ctypes.c_float),
+        ("zero", ctypes.c_float), ("q8", ctypes.c_int32),
     ]
 
 
 def fusable_layout(layout):
     """Whether `decode_layer` multiplies a projection of this `block_format`."""
-    bits, group = layout["bits"], layout["group"]
-    return layout.get("activations") is None and (
-        (bits == 8 and group % 8 == 0) or (bits == 4 and group == 32)
-    )
+    bits, group, activations = layout["bits"], layout["group"], layout.get("activations")
+    if activations == "q8":
+        return block_gemv.q8_takes(bits, group, layout["shape"][1])
+    return activations is None and ((bits == 8 and group % 8 == 0) or (bits == 4 and group == 32))
 
 
 def available():
@@ -59,6 +60,7 @@ def projections(tensors):
         entry.offset = None if offset is None else offset.data_ptr()
         entry.bias = None if bias is None else bias.data_ptr()
         entry.n, entry.k, entry.group, entry.bits, entry.zero = n, k, layout["group"], layout["bits"], float(layout["zero"])
+        entry.q8 = layout.get("activations") == "q8"
     return array
 
 

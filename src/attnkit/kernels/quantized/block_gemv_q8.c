@@ -1,0 +1,227 @@
+/* y = x W^T for a few rows of x, x rounded to 8-bit blocks first: llama.cpp's arithmetic
+ * (docs/decisions.md item 144; the Python side is block_gemv.py, activations="q8").
+ *
+ * Each block of 32 inputs of a row of x is rounded as llama.cpp's Q8_0 rounds it:
+ *
+ *   d = half(max|x_b| / 127),  q_i = round_to_nearest_even(x_i * 127 / max|x_b|),  x^_i = d q_i
+ *
+ * (half(): rounded to float16, as the block's scale is stored), and y = x^ W^T is computed with
+ * integer dot products of the weights' integers and the q_i (u8 x s8 pairs, AVX2's maddubs), each
+ * group's scale applied to its integer sum:
+ *
+ *   sum_i W_i x^_i = s_g d (sum_i q4_i q_i - zero sum_i q_i) + o_g d sum_i q_i      (one group)
+ *
+ * so it equals a float product of W with x^ up to float32 summation order. A row with a block that
+ * cannot be rounded (an infinity or NaN, or a scale beyond float16's range) is multiplied unrounded,
+ * each weight dequantized (block_gemv.c's scalar loop): the result is float arithmetic's.
+ *
+ * Weights: 4-bit groups of 32, or 8-bit groups of 16 (Q6_K) or of a multiple of 32 (Q8_0's 32, a
+ * whole row). K a multiple of 32.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include "block_gemv.h"
+
+#define Q8 32 /* inputs a block of x */
+
+/* f rounded to the nearest float16 (ties to even), as a float; inf beyond float16's range */
+static float half_rounded(float f) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+#else
+    if (f == 0.0f || !isfinite(f)) return f;
+    int e;
+    frexpf(f, &e); /* f = m 2^e, m in [0.5, 1): 11 significant bits, or float16's subnormal step */
+    const float step = ldexpf(1.0f, e - 11 < -24 ? -24 : e - 11);
+    const float r = nearbyintf(f / step) * step;
+    return fabsf(r) > 65504.0f ? copysignf(INFINITY, f) : r;
+#endif
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+int block_gemv_q8_takes(int bits, int64_t group, int64_t K) {
+    return K % Q8 == 0 && ((bits == 4 && group == 32) || (bits == 8 && (group == 16 || group % Q8 == 0)));
+}
+
+/* Rounds the M rows of x (M, K): q (M, K), d and qsum (M, K / 32); ok[m] = 0 where row m has a
+ * block that cannot be rounded (its q, d unused). */
+void block_gemv_q8_round(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int32_t *qsum, uint8_t *ok) {
+    const int64_t B = K / Q8;
+    for (int64_t m = 0; m < M; m++) {
+        ok[m] = 1;
+        for (int64_t b = 0; b < B; b++) {
+            const float *xb = x + m * K + b * Q8;
+            float top = 0.0f;
+            int finite = 1;
+            for (int i = 0; i < Q8; i++) {
+                finite &= isfinite(xb[i]);
+                top = fabsf(xb[i]) > top ? fabsf(xb[i]) : top;
+            }
+            const float scale = half_rounded(top / 127.0f);
+            if (!finite || !isfinite(scale)) {
+                ok[m] = 0;
+                break;
+            }
+            const float inverse = top != 0.0f ? 127.0f / top : 0.0f;
+            int32_t total = 0;
+            for (int i = 0; i < Q8; i++) {
+                const int8_t v = (int8_t)nearbyintf(xb[i] * inverse);
+                q[m * K + b * Q8 + i] = v;
+                total += v;
+            }
+            d[m * B + b] = scale;
+            qsum[m * B + b] = total;
+        }
+    }
+}
+
+/* out[m] = sum_k W[n, k] x^[m, k] for t <= TILE rounded rows (their q, d, qsum) and one row n of W */
+static inline __attribute__((always_inline)) void q8_row(
+        const int8_t *q, const float *d, const int32_t *qsum, int64_t K, const int t, const uint8_t *vals, const float *sc,
+        const float *off, int bits, float zero, int64_t group, float *out) {
+    const int64_t B = K / Q8;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    if (bits == 4) { /* group = block = 32: 16 bytes, element i low and i + 16 high */
+        __m256 acc[TILE];
+        for (int m = 0; m < t; m++) acc[m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < B; b++) {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(vals + b * 16));
+            const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), nibble); /* 32 u8 */
+            const __m256 s = _mm256_broadcast_ss(sc + b);
+            for (int m = 0; m < t; m++) {
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(q + m * K + b * Q8));
+                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones)); /* 8 sums */
+                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_broadcast_ss(d + m * B + b)), dot, acc[m]);
+            }
+        }
+        for (int m = 0; m < t; m++) {
+            out[m] = hsum8(acc[m]);
+            if (off || zero != 0.0f) { /* + sum_b (o_b - s_b zero) d_b qsum_b: the zero point and offset */
+                __m256 shift = _mm256_setzero_ps();
+                const __m256 z = _mm256_set1_ps(zero);
+                int64_t b = 0;
+                for (; b + 8 <= B; b += 8) {
+                    const __m256 c = _mm256_fnmadd_ps(_mm256_loadu_ps(sc + b), z, off ? _mm256_loadu_ps(off + b) : _mm256_setzero_ps());
+                    const __m256 xs = _mm256_mul_ps(_mm256_loadu_ps(d + m * B + b), _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(qsum + m * B + b))));
+                    shift = _mm256_fmadd_ps(c, xs, shift);
+                }
+                out[m] += hsum8(shift);
+                for (; b < B; b++) out[m] += ((off ? off[b] : 0.0f) - sc[b] * zero) * (d[m * B + b] * (float)qsum[m * B + b]);
+            }
+        }
+        return;
+    }
+    if (bits == 8) { /* signed weights: |w| (unsigned) times y with w's sign */
+        __m256 acc[TILE];
+        for (int m = 0; m < t; m++) acc[m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < B; b++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)((const int8_t *)vals + b * Q8));
+            const __m256i magnitude = _mm256_sign_epi8(w, w);
+            /* lanes 0-3 of the dot hold inputs 0-15, lanes 4-7 inputs 16-31: each its group's scale */
+            const float s0 = group == 16 ? sc[2 * b] : sc[b * Q8 / group], s1 = group == 16 ? sc[2 * b + 1] : s0;
+            for (int m = 0; m < t; m++) {
+                const __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q + m * K + b * Q8)), w);
+                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, y), ones); /* 8 int32 */
+                const float dm = d[m * B + b];
+                acc[m] = _mm256_fmadd_ps(_mm256_set_m128(_mm_set1_ps(s1 * dm), _mm_set1_ps(s0 * dm)), _mm256_cvtepi32_ps(dot), acc[m]);
+            }
+        }
+        for (int m = 0; m < t; m++) out[m] = hsum8(acc[m]);
+        return;
+    }
+#endif
+    /* plain C: the same integer sums */
+    for (int m = 0; m < t; m++) out[m] = 0.0f;
+    for (int64_t b = 0; b < B; b++)
+        for (int m = 0; m < t; m++) {
+            const int8_t *y = q + m * K + b * Q8;
+            const float dm = d[m * B + b];
+            if (bits == 4) {
+                int32_t dot = 0;
+                for (int i = 0; i < Q8; i++) {
+                    const uint8_t byte = vals[b * 16 + (i % 16)];
+                    dot += (i < 16 ? (byte & 15) : (byte >> 4)) * y[i];
+                }
+                out[m] += sc[b] * dm * (float)dot + ((off ? off[b] : 0.0f) - sc[b] * zero) * dm * (float)qsum[m * B + b];
+            } else {
+                for (int64_t g0 = 0; g0 < Q8; g0 += group < Q8 ? group : Q8) { /* group 16: two a block */
+                    const int64_t width = group < Q8 ? group : Q8;
+                    int32_t dot = 0;
+                    for (int64_t i = g0; i < g0 + width; i++) dot += ((const int8_t *)vals)[b * Q8 + i] * y[i];
+                    out[m] += sc[(b * Q8 + g0) / group] * dm * (float)dot;
+                }
+            }
+        }
+}
+
+/* out[m] = sum_k W[n, k] x^[m, k] for t <= TILE rounded rows (their q, d, qsum) and one row n of W */
+void block_gemv_q8_row(const int8_t *q, const float *d, const int32_t *qsum, int64_t K, int t, const uint8_t *vals,
+                       const float *sc, const float *off, int bits, float zero, int64_t group, float *out) {
+    switch (t) { /* a constant t for each copy: the accumulators stay in registers */
+    case 1: q8_row(q, d, qsum, K, 1, vals, sc, off, bits, zero, group, out); break;
+    case 2: q8_row(q, d, qsum, K, 2, vals, sc, off, bits, zero, group, out); break;
+    case 3: q8_row(q, d, qsum, K, 3, vals, sc, off, bits, zero, group, out); break;
+    default: q8_row(q, d, qsum, K, 4, vals, sc, off, bits, zero, group, out); break;
+    }
+}
+
+/* y (M, N) = x^ W^T: block_gemv with x rounded; -1 when memory ran out */
+int block_gemv_q8(const float *x, int64_t M, int64_t K, const uint8_t *values, const float *scale, const float *offset,
+                  int bits, float zero, int64_t group, int64_t N, float *y, int threads) {
+    const int64_t G = K / group, B = K / Q8, row_bytes = bits == 4 ? K / 2 : K;
+    int8_t *q = (int8_t *)malloc((size_t)(M * K));
+    float *d = (float *)malloc(sizeof(float) * (size_t)(M * B));
+    int32_t *qsum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(M * B));
+    uint8_t *ok = (uint8_t *)malloc((size_t)M);
+    if (!q || !d || !qsum || !ok) {
+        free(q), free(d), free(qsum), free(ok);
+        return -1;
+    }
+    block_gemv_q8_round(x, M, K, q, d, qsum, ok);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        block_gemv_q8_rows(x, q, d, qsum, ok, M, K, values + n * row_bytes, scale + n * G, offset ? offset + n * G : 0,
+                           bits, zero, group, y + n, N);
+    free(q), free(d), free(qsum), free(ok);
+    return 0;
+}
+
+/* y[m * stride] for every row m of x against one row of W: rounded rows by tiles, the others
+ * unrounded (the scalar loop) */
+void block_gemv_q8_rows(const float *x, const int8_t *q, const float *d, const int32_t *qsum, const uint8_t *ok,
+                        int64_t M, int64_t K, const uint8_t *vals, const float *sc, const float *off, int bits,
+                        float zero, int64_t group, float *y, int64_t stride) {
+    const int64_t B = K / Q8;
+    for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+        const int t = M - m0 < TILE ? (int)(M - m0) : TILE;
+        float out[TILE];
+        int all = 1;
+        for (int m = 0; m < t; m++) all &= ok[m0 + m];
+        if (all) {
+            block_gemv_q8_row(q + m0 * K, d + m0 * B, qsum + m0 * B, K, t, vals, sc, off, bits, zero, group, out);
+        } else {
+            for (int m = 0; m < t; m++) {
+                if (ok[m0 + m])
+                    block_gemv_q8_row(q + (m0 + m) * K, d + (m0 + m) * B, qsum + (m0 + m) * B, K, 1, vals, sc, off, bits,
+                                      zero, group, out + m);
+                else
+                    block_gemv_row(x + (m0 + m) * K, K, 1, vals, sc, off, bits, zero, group, 0, 1, out + m);
+            }
+        }
+        for (int m = 0; m < t; m++) y[(m0 + m) * stride] = out[m];
+    }
+}
