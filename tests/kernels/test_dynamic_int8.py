@@ -179,7 +179,7 @@ def test_refuses_blocks_that_are_not_per_row_int8():
     with pytest.raises(ValueError, match="int8 activations need per-row int8 weights"):
         block_linear(ops.ones((1, 64)), ops.zeros((2, 32), "uint8"), ops.ones((2, 2)), ops.zeros((2, 2)), bits=4, zero=0,
                      group=32, shape=(2, 64), activations="int8")
-    with pytest.raises(ValueError, match="`activations` must be None or 'int8'. Received: activations='int4'"):
+    with pytest.raises(ValueError, match="`activations` must be None, 'int8' or 'q8'. Received: activations='int4'"):
         block_linear(ops.ones((1, 4)), ops.zeros((2, 4), "int8"), ops.ones((2, 1)), None, bits=8, zero=0, group=4,
                      shape=(2, 4), activations="int4")
 
