@@ -4,7 +4,8 @@ llama.cpp / CTranslate2 when they are installed (`make bench`; issue 41, docs/de
     python benchmarks/quantized.py [--quick] [--backend torch] [--dtype float32 gguf ...] [--threads 2]
 
 Rows: decode tokens/s, prefill tokens/s and time to the first token per dtype ("gguf": the file's
-blocks kept packed; "int8" / "int4": attnkit's weight-only blocks, docs/decisions.md item 138) and batch. The ceiling of a
+blocks kept packed; "int8" / "int4": attnkit's weight-only blocks, docs/decisions.md item 138; ":q8":
+inputs rounded to 8-bit blocks, llama.cpp's arithmetic, item 144) and batch. The ceiling of a
 decoding step is the bandwidth (torch.mv over 256 MB of float32, measured in this run) over the bytes of
 the weights a step reads (all, less an untied model's embedding table), all read once a step: tokens/s <= batch x bandwidth / bytes. Each row gives its
 fraction of it. llama.cpp (`llama_cpp`, same GGUF file) and CTranslate2 (int8, from the file
@@ -20,7 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-DTYPES = ("float32", "bfloat16", "int8", "int4", "gguf")
+DTYPES = ("float32", "bfloat16", "int8", "int4", "gguf", "int8:q8", "int4:q8", "gguf:q8")  # ":q8": activations="q8"
 
 
 def bandwidth(threads, megabytes=256, repeats=10):
@@ -203,7 +204,8 @@ def main():
                      f"{weight_bytes / 1e6:.1f} MB" if weight_bytes else "-", f"{batch / step / ceiling:.0%}" if weight_bytes else "-"])
 
     for dtype in args.dtype:
-        lm = load_causal_lm(path, dtype=dtype)
+        name, _, activations = dtype.partition(":")
+        lm = load_causal_lm(path, dtype=name, activations=activations or None)
         for batch in batches:
             prompts = np.random.default_rng(0).integers(3, lm.model.vocab_size, (batch, prompt_len)).tolist()
             first, step = timed(lambda p, n: lm.generate_ids(p, max_new_tokens=n, stop_tokens=[]), prompts, new, rounds)
