@@ -79,3 +79,18 @@ def test_blocks_of_another_shape_are_refused():
     raw, _ = quantized("Q8_0")
     with pytest.raises(ValueError, match=r"do not fit"):
         keep_blocks(dense, repack(raw, "Q8_0", (N, K)))
+
+
+@pytest.mark.parametrize("type_name", PACKED_TYPES)
+def test_the_products_dequantization_is_ggufs_bit_for_bit(type_name):
+    """`block_matmul.dequantize`, the GEMM path's W (one pass in C on torch's CPU, keras ops
+    elsewhere), is gguf's float32 dequantization exactly."""
+    from backend_utils import to_numpy
+
+    from attnkit.kernels.quantized import dequantize
+
+    raw, reference = quantized(type_name, seed=3)
+    weights = repack(raw, type_name, (N, K))
+    tensors = [None if a is None else keras.ops.convert_to_tensor(a) for a in (weights.values, weights.scale, weights.offset)]
+    w = dequantize(*tensors, bits=weights.bits, zero=weights.zero, group=weights.group, shape=weights.shape)
+    np.testing.assert_array_equal(to_numpy(w), reference)

@@ -246,3 +246,30 @@ void bfloat16_gemv(const float *x, int64_t M, int64_t K, const uint16_t *weight,
         }
     }
 }
+
+/* W (N, K) float32 = scale (q - zero) + offset, each weight as block_matmul.dequantize computes it,
+ * bit for bit (a product, then a sum: the library is built with -ffp-contract=off), for a prefill's
+ * GEMM; rows shared among the threads. */
+void block_dequantize(const uint8_t *values, const float *scale, const float *offset, int bits, float zero,
+                      int64_t group, int64_t N, int64_t K, float *w, int threads) {
+    const int64_t G = K / group, row_bytes = bits == 4 ? K / 2 : K;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t g = 0; g < G; g++) {
+            const float s = scale[n * G + g], o = offset ? offset[n * G + g] : 0.0f;
+            float *out = w + n * K + g * group;
+            if (bits == 4) { /* group 32: element i in the low nibble of byte i, i + 16 in its high one */
+                const uint8_t *b = values + n * row_bytes + g * 16;
+                for (int i = 0; i < 16; i++) {
+                    out[i] = s * ((float)(b[i] & 15) - zero);
+                    out[i + 16] = s * ((float)(b[i] >> 4) - zero);
+                }
+            } else {
+                const int8_t *q = (const int8_t *)values + n * row_bytes + g * group;
+                for (int64_t i = 0; i < group; i++) out[i] = s * ((float)q[i] - zero);
+            }
+            if (offset)
+                for (int64_t i = 0; i < group; i++) out[i] += o;
+        }
+    }
+}

@@ -28,7 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # one library: block_gemv.c's products and decode_step.c's decoder block, which multiplies with them
 SOURCES = tuple(os.path.join(HERE, name) for name in ("block_gemv.h", "block_gemv.c", "block_gemv_q8.c", "decode_step.c"))
 MAX_ROWS = 32  # beyond this a dequantize-then-GEMM (compute-bound) is the faster product
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+# -ffp-contract=off: a * b + c written in C stays a product and a sum, as torch computes it
+# (block_dequantize is bit for bit block_matmul.dequantize); the kernels' FMAs are intrinsics
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _library = None  # the loaded library, False after a failed build, None before the first try
 
 
@@ -105,6 +107,48 @@ def bfloat16_gemv(x, weight, library=None):
     return y
 
 
+def dequantize(values, scale, offset, *, bits, zero, group, shape, library=None):
+    """W (N, K) float32 CPU torch tensor from packed CPU torch tensors, as `block_matmul.dequantize`
+    computes it (bit for bit), in one pass over the blocks (a prefill's GEMM operand).
+
+    Raises:
+        RuntimeError: the kernel is not available (check `available()` first).
+    """
+    import torch
+
+    library = library or _load()
+    if library is None:
+        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    n, k = shape
+    values, scale = values.contiguous(), scale.contiguous()
+    offset = None if offset is None else offset.contiguous()
+    w = torch.empty((n, k), dtype=torch.float32)
+    library.block_dequantize(
+        values.data_ptr(), scale.data_ptr(), None if offset is None else offset.data_ptr(), bits, float(zero), group, n, k,
+        w.data_ptr(), torch.get_num_threads(),
+    )
+    return w
+
+
+def round_q8(x, library=None):
+    """x^ (M, K) float32 CPU torch tensor: x (M, K) float32 CPU, K a multiple of 32, rounded to 8-bit
+    blocks as `block_gemv_q8` rounds it (`block_matmul.round_q8` on any backend; item 144).
+
+    Raises:
+        RuntimeError: the kernel is not available. MemoryError: no memory for the rounded integers.
+    """
+    import torch
+
+    library = library or _load()
+    if library is None:
+        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if library.block_gemv_q8_rounded(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr(), torch.get_num_threads()) == -1:
+        raise MemoryError(f"round_q8 could not allocate {x.shape[0]} x {x.shape[1]} bytes")
+    return out
+
+
 def _load():
     global _library
     if _library is None:
@@ -165,4 +209,8 @@ def build(flags=FLAGS):
     library.bfloat16_gemv.argtypes = [pointer, i64, i64, pointer, i64, pointer, ctypes.c_int]
     library.bfloat16_gemv.restype = None
     library.decode_layer.restype = ctypes.c_int  # its arguments: decode_step.py
+    library.block_dequantize.argtypes = [pointer, pointer, pointer, ctypes.c_int, ctypes.c_float, i64, i64, i64, pointer, ctypes.c_int]
+    library.block_dequantize.restype = None
+    library.block_gemv_q8_rounded.argtypes = [pointer, i64, i64, pointer, ctypes.c_int]
+    library.block_gemv_q8_rounded.restype = ctypes.c_int
     return library

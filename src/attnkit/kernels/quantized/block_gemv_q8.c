@@ -225,3 +225,24 @@ void block_gemv_q8_rows(const float *x, const int8_t *q, const float *d, const i
         for (int m = 0; m < t; m++) y[(m0 + m) * stride] = out[m];
     }
 }
+
+/* x^ (M, K) float32: x rounded (block_gemv_q8_round) and multiplied back, d q; rows that cannot be
+ * rounded copied unrounded. The input of a prefill's GEMM under q8 activations. */
+int block_gemv_q8_rounded(const float *x, int64_t M, int64_t K, float *out, int threads) {
+    const int64_t B = K / Q8;
+    int8_t *q = (int8_t *)malloc((size_t)(M * K));
+    float *d = (float *)malloc(sizeof(float) * (size_t)(M * B));
+    int32_t *qsum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(M * B));
+    uint8_t *ok = (uint8_t *)malloc((size_t)M);
+    if (!q || !d || !qsum || !ok) {
+        free(q), free(d), free(qsum), free(ok);
+        return -1;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        block_gemv_q8_round(x + m * K, 1, K, q + m * K, d + m * B, qsum + m * B, ok + m);
+        for (int64_t k = 0; k < K; k++) out[m * K + k] = ok[m] ? d[m * B + k / Q8] * (float)q[m * K + k] : x[m * K + k];
+    }
+    free(q), free(d), free(qsum), free(ok);
+    return 0;
+}

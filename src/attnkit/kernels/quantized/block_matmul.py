@@ -42,6 +42,9 @@ def dequantize(values, scale, offset, *, bits, zero, group, shape, activations=N
         dtype: the result's dtype (the float32 dequantization, rounded once).
     """
     n, k = shape
+    if _torch_cpu(values, scale):  # one pass in C, the same numbers (a prefill's GEMM operand)
+        w = block_gemv.dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape)
+        return w if dtype == "float32" else ops.cast(w, dtype)
     if bits == 4:
         v = ops.reshape(values, (n, k // 32, 16))  # (N, G, 16): element i low, i + 16 high
         q = ops.concatenate([ops.bitwise_and(v, 15), ops.right_shift(v, 4)], axis=-1)  # (N, G, 32) uint8
@@ -107,6 +110,8 @@ def round_q8(x):
     x = ops.cast(x, "float32")
     shape = ops.shape(x)
     k = shape[-1]
+    if _torch_cpu(x) and x.numel() and not (x.requires_grad and _grad_enabled()):
+        return block_gemv.round_q8(x.reshape(-1, k)).reshape(shape)  # the kernel's own rounding, in one pass
     blocks = ops.reshape(x, (-1, k // 32, 32))  # (rows, K / 32, 32)
     top = ops.max(ops.abs(blocks), axis=-1, keepdims=True)  # (rows, K / 32, 1)
     d = ops.cast(ops.cast(ops.divide(top, 127.0), "float16"), "float32")
@@ -115,6 +120,21 @@ def round_q8(x):
     rounded = ops.multiply(ops.round(ops.multiply(blocks, inverse)), d)
     fine = ops.logical_and(ops.all(ops.isfinite(blocks), axis=(1, 2)), ops.all(ops.isfinite(d), axis=(1, 2)))  # (rows,)
     return ops.reshape(ops.where(ops.reshape(fine, (-1, 1, 1)), rounded, blocks), shape)
+
+
+def _torch_cpu(*tensors):
+    """Whether the tensors are torch CPU tensors, the float ones float32, and the C kernels built."""
+    if keras.backend.backend() != "torch" or not all(ops.is_tensor(t) for t in tensors):
+        return False
+    import torch
+
+    return all(t.device.type == "cpu" and (t.dtype == torch.float32 or not t.is_floating_point()) for t in tensors) and block_gemv.available()
+
+
+def _grad_enabled():
+    import torch
+
+    return torch.is_grad_enabled()
 
 
 def _few_rows_on_cpu(x, values, scale, dtype):
