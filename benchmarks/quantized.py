@@ -95,20 +95,24 @@ def tiny_gguf(path):
     return path
 
 
-def timed(generate, prompts, new, rounds):
-    """(time to first token, seconds a decoding step) of `generate(prompts, n)`, medians."""
-    firsts, steps = [], []
-    generate(prompts, 2)  # warm-up: compiled programs, caches
+def timed(cases, new, rounds):
+    """(time to first token, seconds a decoding step), medians, for each case (generate, prompts):
+    `generate(prompts, n)` runs n tokens. The rounds interleave the cases, so a machine that slows
+    down for a while slows every engine alike and the ratios of one run hold."""
+    firsts, steps = [[] for _ in cases], [[] for _ in cases]
+    for generate, prompts in cases:
+        generate(prompts, 2)  # warm-up: compiled programs, caches
     for _ in range(rounds):
-        t = time.perf_counter()
-        generate(prompts, 1)
-        first = time.perf_counter() - t
-        t = time.perf_counter()
-        generate(prompts, new)
-        whole = time.perf_counter() - t
-        firsts.append(first)
-        steps.append(max(whole - first, 1e-9) / (new - 1))
-    return sorted(firsts)[rounds // 2], sorted(steps)[rounds // 2]
+        for i, (generate, prompts) in enumerate(cases):
+            t = time.perf_counter()
+            generate(prompts, 1)
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            generate(prompts, new)
+            whole = time.perf_counter() - t
+            firsts[i].append(first)
+            steps[i].append(max(whole - first, 1e-9) / (new - 1))
+    return [(sorted(f)[rounds // 2], sorted(s)[rounds // 2]) for f, s in zip(firsts, steps)]
 
 
 def llama_cpp_generate(path, threads):
@@ -203,14 +207,16 @@ def main():
         rows.append([engine, dtype, batch, f"{batch / step:.1f}", f"{batch * prompt_len / first:.0f}", f"{first * 1e3:.0f} ms",
                      f"{weight_bytes / 1e6:.1f} MB" if weight_bytes else "-", f"{batch / step / ceiling:.0%}" if weight_bytes else "-"])
 
+    cases = []  # (engine, dtype, batch, bytes a step reads, generate, prompts), timed together
+    models = []
     for dtype in args.dtype:
         name, _, activations = dtype.partition(":")
         lm = load_causal_lm(path, dtype=name, activations=activations or None)
+        models.append(lm)  # held: every case is timed in the same rounds
         for batch in batches:
             prompts = np.random.default_rng(0).integers(3, lm.model.vocab_size, (batch, prompt_len)).tolist()
-            first, step = timed(lambda p, n: lm.generate_ids(p, max_new_tokens=n, stop_tokens=[]), prompts, new, rounds)
-            row(f"attnkit {args.backend}", dtype, batch, step_bytes(lm.model), first, step)
-        del lm
+            generate = (lambda lm: lambda p, n: lm.generate_ids(p, max_new_tokens=n, stop_tokens=[]))(lm)
+            cases.append((f"attnkit {args.backend}", dtype, batch, step_bytes(lm.model), generate, prompts))
     file_bytes = os.path.getsize(path)
     for engine, dtype, make in (("llama.cpp", "file's blocks", llama_cpp_generate), ("CTranslate2", "int8", ctranslate2_generate)):
         try:
@@ -222,8 +228,10 @@ def main():
             print(f"{engine}: not installed, skipped")
             continue
         prompts = np.random.default_rng(0).integers(3, 250, (1, prompt_len)).tolist()
-        first, step = timed(generate, prompts, new, rounds)  # batch 1 (llama.cpp's API decodes one sequence)
-        row(engine, dtype, 1, file_bytes if engine == "llama.cpp" else 0, first, step)
+        # batch 1 (llama.cpp's API decodes one sequence)
+        cases.append((engine, dtype, 1, file_bytes if engine == "llama.cpp" else 0, generate, prompts))
+    for case, (first, step) in zip(cases, timed([c[4:] for c in cases], new, rounds)):
+        row(*case[:4], first, step)
     print(f"{cpu_description()}; {args.threads} threads; load average {os.getloadavg()[0]:.1f}; "
           f"torch.mv bandwidth {bytes_per_second / 1e9:.1f} GB/s; bfloat16 products: "
           f"{'yes' if bfloat16_products() else 'no (bfloat16 runs as float32 products)'}")
