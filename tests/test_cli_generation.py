@@ -62,6 +62,13 @@ def test_dtype_option_loads_the_weights_quantized(model_dir, capsys, monkeypatch
     err = capsys.readouterr().err
     assert "attnkit: error: `dtype='gguf'` keeps a GGUF file's quantized blocks" in err and "invalid choice: 'int2'" in err
     assert "Traceback" not in err
+    # --activations q8 (item 144): refused in one line for a float model, and for blocks whose inputs
+    # are not whole blocks of 32 (this model's d_ff is 48); tests/models/test_gguf_packed.py loads it
+    assert main(greedy + ["--activations", "q8"]) == 1
+    assert main(greedy + ["--dtype", "int8", "--activations", "q8"]) == 1
+    err = capsys.readouterr().err
+    assert "attnkit: error: `activations='q8'` rounds the inputs of packed products" in err and "Traceback" not in err
+    assert "q8 activations need 4-bit groups of 32 or 8-bit groups of 16 or of a multiple of 32" in err and "`W_down`" in err
 
 
 def test_bad_options_are_one_line(model_dir, capsys):

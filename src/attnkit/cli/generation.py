@@ -37,7 +37,7 @@ def _probability(text):
 def _load(args, chat=None):
     """The language model of --model, refused before any input is read when it lacks the tokenizer,
     or the chat template that `chat` names (the command that needs it)."""
-    lm = load_causal_lm(args.model, dtype=args.dtype)
+    lm = load_causal_lm(args.model, dtype=args.dtype, activations=args.activations)
     require_tokenizer(lm)
     if chat and not lm.chat_template:
         raise ValueError(f"{_template_sources(lm.path)}; {chat}")
@@ -151,6 +151,14 @@ def _add_options(parser):
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="what the weights are held in: float32 (default), bfloat16, float16, int8 or int4 "
                              "(weight-only), gguf (a GGUF file's blocks kept packed)")
+    add_activations_argument(parser)
+
+
+def add_activations_argument(parser):
+    """--activations: how packed products take their inputs (`load_causal_lm(activations=...)`)."""
+    parser.add_argument("--activations", choices=["q8"], default=None,
+                        help="q8: round each packed product's input to 8-bit blocks and multiply integers, as "
+                             "llama.cpp does (faster, within about 1e-3); needs --dtype int8, int4 or gguf")
 
 
 def add_commands(commands):

@@ -18,7 +18,8 @@ import sys
 from attnkit._interrupts import raise_if_pressed, stopped_by_ctrl_c
 from attnkit.cli.errors import CommandError, positive_int
 from attnkit.explorer.sources.causal_lm import DEFAULT_NAME, CausalLMSource
-from attnkit.pipelines.causal_checkpoint import load_causal_lm
+from attnkit.cli.generation import add_activations_argument
+from attnkit.pipelines.causal_checkpoint import DTYPES, load_causal_lm
 from attnkit.pipelines.encoder import load_pretrained
 
 try:  # the serve extra (FastAPI, uvicorn, sse-starlette): the other commands run without it
@@ -32,6 +33,9 @@ API_KEY_VARIABLE = "ATTNKIT_API_KEY"
 def add_commands(commands):
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server of the language and embedding models")
     serve.add_argument("--model", metavar="PATH", help="a GGUF file or a llama / mistral / qwen2 directory (default SmolLM2)")
+    serve.add_argument("--dtype", choices=DTYPES, default="float32",
+                       help="what the language model's weights are held in (as in `attnkit chat --dtype`)")
+    add_activations_argument(serve)
     serve.add_argument("--embedding-model", metavar="PATH", help="a sentence-transformers directory (default all-MiniLM-L6-v2)")
     serve.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=_port, default=8000, help="the port (default 8000; 0 picks a free one, printed)")
@@ -71,7 +75,7 @@ def _serve(args):
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
     if api_key is not None and not api_key.strip():
         raise CommandError("--api-key is empty")
-    lm = load_causal_lm(args.model)
+    lm = load_causal_lm(args.model, dtype=args.dtype, activations=args.activations)
     lm_name = DEFAULT_NAME if args.model is None else os.path.basename(os.path.abspath(args.model))
     encoder = load_pretrained(args.embedding_model)
     encoder_name = "all-MiniLM-L6-v2" if args.embedding_model is None else os.path.basename(os.path.abspath(args.embedding_model))

@@ -190,9 +190,9 @@ def generate_tokens(
         # of similar lengths share one compiled step (docs/decisions.md item 56).
         cache = model.new_cache(len(prompts), _room(ids.shape[1] + min(max_new_tokens, CACHE_ROOM)))
         needed = ids.shape[1] + max_new_tokens - 1  # the last token is yielded, never fed back
-        logits = _call(model, ids, attention_mask=mask, cache=cache, last_only=True)
+        logits = call_model(model, ids, attention_mask=mask, cache=cache, last_only=True)
     else:
-        logits = _call(model, ids, attention_mask=mask, last_only=True)
+        logits = call_model(model, ids, attention_mask=mask, last_only=True)
     for step in range(max_new_tokens):
         last = ops.convert_to_numpy(logits)[:, -1]  # (B, V)
         if penalty != 1:
@@ -209,10 +209,10 @@ def generate_tokens(
         if use_cache:
             if cache.length == cache.max_length:
                 cache = _grown(cache, _room(min(2 * cache.max_length, needed)))
-            logits = _call(model, new, attention_mask=np.ones_like(new, dtype=bool), cache=cache, last_only=True)
+            logits = call_model(model, new, attention_mask=np.ones_like(new, dtype=bool), cache=cache, last_only=True)
         else:
             ids, mask = np.concatenate([ids, new], axis=1), np.concatenate([mask, np.ones_like(new, dtype=bool)], axis=1)
-            logits = _call(model, ids, attention_mask=mask, last_only=True)
+            logits = call_model(model, ids, attention_mask=mask, last_only=True)
 
 
 def _room(length):
@@ -237,7 +237,7 @@ def _extended(buffer, max_length):
     return ops.concatenate([buffer, ops.zeros((B, h, max_length - S, d), buffer.dtype)], axis=2)
 
 
-def _call(model, ids, **options):
+def call_model(model, ids, **options):
     """`model(ids, **options)`, through `call_sublayer`: a decoding step repeats Keras's `__call__` work
     on the whole model (its losses cleared layer by layer, ~480 layers for SmolLM2) for nothing when
     the model needs none of it (docs/decisions.md item 58). On torch without an autograd graph:

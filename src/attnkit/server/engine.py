@@ -27,7 +27,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from attnkit.layers._sublayer import call_sublayer
+from attnkit.models.generation import call_model
 
 
 class QueueFull(Exception):
@@ -166,7 +166,7 @@ class Engine:
         ids = np.asarray([[self.pad_id] * pad + prompt], "int32")  # (1, pad + P)
         mask = np.asarray([[False] * pad + [True] * len(prompt)])
         small = self.model.new_cache(1, _room(ids.shape[1] + 1))
-        logits = call_sublayer(self.model, ops.convert_to_tensor(ids), attention_mask=mask, cache=small, last_only=True)
+        logits = call_model(self.model, ids, attention_mask=mask, cache=small, last_only=True)
         generation.pick(ops.convert_to_numpy(logits)[0, -1])  # (V,)
         return small
 
@@ -235,9 +235,7 @@ class Engine:
         """Logits (stop - start, V) of rows [start, stop) for their last tokens, written at slot `length`."""
         ids = np.asarray([[self.rows[r].last if r < len(self.rows) else self.pad_id] for r in range(start, stop)], "int32")  # (b, 1)
         view = self.cache.rows(start, stop)
-        logits = call_sublayer(
-            self.model, ops.convert_to_tensor(ids), attention_mask=np.ones(ids.shape, bool), cache=view, last_only=True,
-        )
+        logits = call_model(self.model, ids, attention_mask=np.ones(ids.shape, bool), cache=view, last_only=True)
         logits = ops.convert_to_numpy(logits)[:, -1]  # (b, V)
         self.cache.merge_rows(view, start)
         return logits
