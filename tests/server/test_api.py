@@ -226,7 +226,7 @@ def test_a_client_gone_before_a_whole_answer_stops_its_generation(served):
 
 
 def test_a_model_error_fails_that_request_only(client, lm, monkeypatch):
-    real, poison = engine_module.call_sublayer, lm.encode("#")[0]
+    real, poison = engine_module.call_model, lm.encode("#")[0]
     fine = solo(lm, lm.encode("fine"), 3)
     assert poison not in fine + lm.encode("fine")
 
@@ -235,7 +235,7 @@ def test_a_model_error_fails_that_request_only(client, lm, monkeypatch):
             raise RuntimeError("injected fault")
         return real(model, ids, **options)
 
-    monkeypatch.setattr(engine_module, "call_sublayer", failing)
+    monkeypatch.setattr(engine_module, "call_model", failing)
     with pytest.raises(openai.InternalServerError, match="injected fault"):
         client.completions.create(model="tiny", prompt="# poison", max_tokens=3, temperature=0)
     with pytest.raises(openai.APIError, match="injected fault"):

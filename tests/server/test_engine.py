@@ -92,7 +92,7 @@ def test_a_model_error_fails_its_own_request_only(lm, monkeypatch):
     victim = [77, 78]
     bad_step = solo(lm, victim, 6)[2]
     assert all(bad_step not in solo(lm, p, 6) and bad_step not in p for p in clean)
-    real = engine_module.call_sublayer
+    real = engine_module.call_model
 
     def failing(model, ids, **options):
         values = np.asarray(ids)
@@ -100,7 +100,7 @@ def test_a_model_error_fails_its_own_request_only(lm, monkeypatch):
             raise ValueError("injected fault")
         return real(model, ids, **options)
 
-    monkeypatch.setattr(engine_module, "call_sublayer", failing)
+    monkeypatch.setattr(engine_module, "call_model", failing)
     engine = Engine(lm.model, max_batch=4, max_queue=8, pad_id=lm.pad_id)
     events = {}
     try:
