@@ -118,6 +118,13 @@ def test_block_linear_q8_is_one_product_whatever_the_rows():
     assert_q8_product(few, x, reference)
 
 
+def test_no_rows_give_no_rows():
+    weights, _ = packed("Q4_1", seed=2)
+    y = block_linear(np.zeros((0, K), np.float32), weights.values, weights.scale, weights.offset, **layout(weights), activations="q8")
+    assert tuple(y.shape) == (0, N)
+    assert tuple(round_q8(np.zeros((2, 0, K), np.float32)).shape) == (2, 0, K)
+
+
 @pytest.mark.parametrize("group, bits", [(8, 8), (48, 8)])
 def test_layouts_q8_cannot_take_are_refused(group, bits):
     values = np.zeros((N, K), np.int8)

@@ -108,9 +108,11 @@ def round_q8(x):
     that cannot be rounded (an infinity or NaN, or d beyond float16) stays unrounded. No gradient
     flows through the rounding (inference only)."""
     x = ops.cast(x, "float32")
+    if 0 in tuple(x.shape):
+        return x  # no rows: nothing to round (the reductions below refuse empty tensors)
     shape = ops.shape(x)
     k = shape[-1]
-    if _torch_cpu(x) and x.numel() and not (x.requires_grad and _grad_enabled()):
+    if _torch_cpu(x) and not (x.requires_grad and _grad_enabled()):
         return block_gemv.round_q8(x.reshape(-1, k)).reshape(shape)  # the kernel's own rounding, in one pass
     blocks = ops.reshape(x, (-1, k // 32, 32))  # (rows, K / 32, 32)
     top = ops.max(ops.abs(blocks), axis=-1, keepdims=True)  # (rows, K / 32, 1)
