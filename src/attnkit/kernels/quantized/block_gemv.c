@@ -26,12 +26,6 @@
 #include "block_gemv.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* rows [0, t) of the sums s_g * sum_i q_i x_i over the groups g of one row n of W (the offsets are
  * added by the caller); inlined for each constant t, so the accumulators stay in registers */

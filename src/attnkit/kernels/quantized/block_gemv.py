@@ -58,9 +58,7 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, activation
     """
     import torch
 
-    library = library or _load()
-    if library is None:
-        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    library = _built(library)
     n, k = shape
     expected = torch.uint8 if bits == 4 else torch.int8
     if x.dtype != torch.float32 or values.dtype != expected or scale.dtype != torch.float32:
@@ -97,9 +95,7 @@ def bfloat16_gemv(x, weight, library=None):
     """
     import torch
 
-    library = library or _load()
-    if library is None:
-        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    library = _built(library)
     x, weight = x.contiguous(), weight.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     y = torch.empty((m, n), dtype=torch.float32)
@@ -116,9 +112,7 @@ def dequantize(values, scale, offset, *, bits, zero, group, shape, library=None)
     """
     import torch
 
-    library = library or _load()
-    if library is None:
-        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    library = _built(library)
     n, k = shape
     values, scale = values.contiguous(), scale.contiguous()
     offset = None if offset is None else offset.contiguous()
@@ -139,14 +133,20 @@ def round_q8(x, library=None):
     """
     import torch
 
-    library = library or _load()
-    if library is None:
-        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    library = _built(library)
     x = x.contiguous()
     out = torch.empty_like(x)
     if library.block_gemv_q8_rounded(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr(), torch.get_num_threads()) == -1:
         raise MemoryError(f"round_q8 could not allocate {x.shape[0]} x {x.shape[1]} bytes")
     return out
+
+
+def _built(library=None):
+    """`library`, else the kernel; a RuntimeError where it could not be built (check `available()`)."""
+    library = library or _load()
+    if library is None:
+        raise RuntimeError("attnkit's block_gemv kernel is not available: see the warning given when it was built")
+    return library
 
 
 def _load():

@@ -43,14 +43,22 @@ static float half_rounded(float f) {
 #endif
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+
+int q8_rows_alloc(struct q8_rows *r, int64_t M, int64_t K) {
+    const size_t blocks = (size_t)(M * (K / Q8)) + 1;
+    r->q = (int8_t *)malloc((size_t)(M * K) + 1);
+    r->d = (float *)malloc(sizeof(float) * blocks);
+    r->qsum = (int32_t *)malloc(sizeof(int32_t) * blocks);
+    r->ok = (uint8_t *)malloc((size_t)M + 1);
+    if (r->q && r->d && r->qsum && r->ok) return 0;
+    q8_rows_free(r);
+    return -1;
 }
-#endif
+
+void q8_rows_free(struct q8_rows *r) {
+    free(r->q), free(r->d), free(r->qsum), free(r->ok);
+    r->q = 0, r->d = 0, r->qsum = 0, r->ok = 0;
+}
 
 int block_gemv_q8_takes(int bits, int64_t group, int64_t K) {
     return K % Q8 == 0 && ((bits == 4 && group == 32) || (bits == 8 && (group == 16 || group % Q8 == 0)));
@@ -109,7 +117,7 @@ static inline __attribute__((always_inline)) void q8_row(
             }
         }
         for (int m = 0; m < t; m++) {
-            out[m] = hsum8(acc[m]);
+            out[m] = hsum(acc[m]);
             if (off || zero != 0.0f) { /* + sum_b (o_b - s_b zero) d_b qsum_b: the zero point and offset */
                 __m256 shift = _mm256_setzero_ps();
                 const __m256 z = _mm256_set1_ps(zero);
@@ -119,7 +127,7 @@ static inline __attribute__((always_inline)) void q8_row(
                     const __m256 xs = _mm256_mul_ps(_mm256_loadu_ps(d + m * B + b), _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(qsum + m * B + b))));
                     shift = _mm256_fmadd_ps(c, xs, shift);
                 }
-                out[m] += hsum8(shift);
+                out[m] += hsum(shift);
                 for (; b < B; b++) out[m] += ((off ? off[b] : 0.0f) - sc[b] * zero) * (d[m * B + b] * (float)qsum[m * B + b]);
             }
         }
@@ -140,7 +148,7 @@ static inline __attribute__((always_inline)) void q8_row(
                 acc[m] = _mm256_fmadd_ps(_mm256_set_m128(_mm_set1_ps(s1 * dm), _mm_set1_ps(s0 * dm)), _mm256_cvtepi32_ps(dot), acc[m]);
             }
         }
-        for (int m = 0; m < t; m++) out[m] = hsum8(acc[m]);
+        for (int m = 0; m < t; m++) out[m] = hsum(acc[m]);
         return;
     }
 #endif
@@ -182,21 +190,15 @@ void block_gemv_q8_row(const int8_t *q, const float *d, const int32_t *qsum, int
 /* y (M, N) = x^ W^T: block_gemv with x rounded; -1 when memory ran out */
 int block_gemv_q8(const float *x, int64_t M, int64_t K, const uint8_t *values, const float *scale, const float *offset,
                   int bits, float zero, int64_t group, int64_t N, float *y, int threads) {
-    const int64_t G = K / group, B = K / Q8, row_bytes = bits == 4 ? K / 2 : K;
-    int8_t *q = (int8_t *)malloc((size_t)(M * K));
-    float *d = (float *)malloc(sizeof(float) * (size_t)(M * B));
-    int32_t *qsum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(M * B));
-    uint8_t *ok = (uint8_t *)malloc((size_t)M);
-    if (!q || !d || !qsum || !ok) {
-        free(q), free(d), free(qsum), free(ok);
-        return -1;
-    }
-    block_gemv_q8_round(x, M, K, q, d, qsum, ok);
+    const int64_t G = K / group, row_bytes = bits == 4 ? K / 2 : K;
+    struct q8_rows r;
+    if (q8_rows_alloc(&r, M, K)) return -1;
+    block_gemv_q8_round(x, M, K, r.q, r.d, r.qsum, r.ok);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++)
-        block_gemv_q8_rows(x, q, d, qsum, ok, M, K, values + n * row_bytes, scale + n * G, offset ? offset + n * G : 0,
+        block_gemv_q8_rows(x, r.q, r.d, r.qsum, r.ok, M, K, values + n * row_bytes, scale + n * G, offset ? offset + n * G : 0,
                            bits, zero, group, y + n, N);
-    free(q), free(d), free(qsum), free(ok);
+    q8_rows_free(&r);
     return 0;
 }
 
@@ -230,19 +232,13 @@ void block_gemv_q8_rows(const float *x, const int8_t *q, const float *d, const i
  * rounded copied unrounded. The input of a prefill's GEMM under q8 activations. */
 int block_gemv_q8_rounded(const float *x, int64_t M, int64_t K, float *out, int threads) {
     const int64_t B = K / Q8;
-    int8_t *q = (int8_t *)malloc((size_t)(M * K));
-    float *d = (float *)malloc(sizeof(float) * (size_t)(M * B));
-    int32_t *qsum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(M * B));
-    uint8_t *ok = (uint8_t *)malloc((size_t)M);
-    if (!q || !d || !qsum || !ok) {
-        free(q), free(d), free(qsum), free(ok);
-        return -1;
-    }
+    struct q8_rows r;
+    if (q8_rows_alloc(&r, M, K)) return -1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t m = 0; m < M; m++) {
-        block_gemv_q8_round(x + m * K, 1, K, q + m * K, d + m * B, qsum + m * B, ok + m);
-        for (int64_t k = 0; k < K; k++) out[m * K + k] = ok[m] ? d[m * B + k / Q8] * (float)q[m * K + k] : x[m * K + k];
+        block_gemv_q8_round(x + m * K, 1, K, r.q + m * K, r.d + m * B, r.qsum + m * B, r.ok + m);
+        for (int64_t k = 0; k < K; k++) out[m * K + k] = r.ok[m] ? r.d[m * B + k / Q8] * (float)r.q[m * K + k] : x[m * K + k];
     }
-    free(q), free(d), free(qsum), free(ok);
+    q8_rows_free(&r);
     return 0;
 }

@@ -37,16 +37,10 @@ struct projection { /* y = x W^T + bias, W as block_gemv reads it */
     int32_t q8; /* 1: x rounded to 8-bit blocks of 32 first (block_gemv_q8.c) */
 };
 
-struct rounded { /* x rounded for the q8 products: block_gemv_q8_round's outputs */
-    int8_t *q;
-    float *d;
-    int32_t *qsum;
-    uint8_t *ok;
-};
 
 /* y (M, N) = x (M, K) W^T + bias; called by every thread of the region (orphaned directives). */
 static void product(const struct projection *p, const float *x, int64_t M, float *y, float *xsum, int *plain,
-                    const struct rounded *r) {
+                    const struct q8_rows *r) {
     const int64_t K = p->k, N = p->n, G = K / p->group, row_bytes = p->bits == 4 ? K / 2 : K;
     if (p->q8) {
 #pragma omp single
@@ -104,9 +98,7 @@ static inline float dot(const float *a, const float *b, int64_t d) {
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 acc = _mm256_setzero_ps();
     for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    total = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+    total = hsum(acc);
 #endif
     for (; i < d; i++) total += a[i] * b[i];
     return total;
@@ -150,10 +142,9 @@ int decode_layer(float *x, int64_t M, int64_t D, const float *norm1, const float
     const int64_t widest = D > F ? (D > dq ? D : dq) : (F > dq ? F : dq);
     const size_t floats = (size_t)(M * (D + dq + 2 * dkv + dq + D + 2 * F + widest) + M * H * S);
     float *scratch = (float *)malloc(sizeof(float) * floats);
-    const struct rounded r = {(int8_t *)malloc((size_t)(M * widest)), (float *)malloc(sizeof(float) * (size_t)(M * widest / 32 + 1)),
-                              (int32_t *)malloc(sizeof(int32_t) * (size_t)(M * widest / 32 + 1)), (uint8_t *)malloc((size_t)M)};
-    if (!scratch || !r.q || !r.d || !r.qsum || !r.ok) {
-        free(scratch), free(r.q), free(r.d), free(r.qsum), free(r.ok);
+    struct q8_rows r; /* the q8 products' rounded inputs, the widest of them */
+    if (!scratch || q8_rows_alloc(&r, M, widest)) {
+        free(scratch);
         return -1;
     }
     float *normed = scratch, *q = normed + M * D, *k = q + M * dq, *v = k + M * dkv, *heads = v + M * dkv;
@@ -195,6 +186,7 @@ int decode_layer(float *x, int64_t M, int64_t D, const float *norm1, const float
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < M * D; i++) x[i] += out[i];
     }
-    free(scratch), free(r.q), free(r.d), free(r.qsum), free(r.ok);
+    free(scratch);
+    q8_rows_free(&r);
     return 0;
 }
