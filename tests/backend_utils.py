@@ -1,5 +1,7 @@
 """Backend-neutral helpers for the tests: NumPy conversion and gradients on torch, jax and tensorflow."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -14,6 +16,23 @@ once_per_run = pytest.mark.skipif(BACKEND != "torch", reason="independent of the
 # XLA_FLAGS for jax subprocesses whose runs are compared with each other: less XLA optimisation, which
 # halves their compile time; every run of a comparison gets the same flags, so it still holds.
 XLA_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def children(pid):
+    """{pid: command line} of the processes whose parent is `pid`."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline") as f:
+                    command = f.read().replace("\0", " ")
+            except OSError:
+                continue
+            if ppid == pid:
+                found[int(entry)] = command
+    return found
 
 
 def to_numpy(x):

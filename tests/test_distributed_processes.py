@@ -26,7 +26,7 @@ from attnkit.distributed import launcher
 from attnkit.dates import training
 from attnkit.cli.processes import parse_coordinator, worker_arguments
 from attnkit.dates.translator import DateTranslator, TrainConfig
-from backend_utils import XLA_FAST_COMPILE
+from backend_utils import XLA_FAST_COMPILE, children
 
 BACKEND = keras.backend.backend()
 TINY = ["--train-size", "64", "--validation-size", "8", "--batch-size", "16", "--d-model", "16", "--heads", "2", "--layers", "1",
@@ -70,23 +70,6 @@ def _losses(directory):
         return json.load(f)["losses"]
 
 
-def _children(pid):
-    """{pid: command line} of the processes whose parent is `pid`."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline") as f:
-                    command = f.read().replace("\0", " ")
-            except OSError:
-                continue
-            if ppid == pid:
-                found[int(entry)] = command
-    return found
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{name: (completed process, output directory)} of the four runs."""
@@ -103,7 +86,7 @@ def runs(tmp_path_factory):
     deadline = time.monotonic() + 600
     while not os.path.exists(first) and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    workers = {pid: command for pid, command in _children(run.pid).items() if "--process-id 1 " in command + " "}
+    workers = {pid: command for pid, command in children(run.pid).items() if "--process-id 1 " in command + " "}
     assert run.poll() is None and len(workers) == 1, "the run ended before its first checkpoint"
     (victim,) = workers
     os.kill(victim, signal.SIGKILL)
@@ -151,7 +134,7 @@ def test_killing_a_worker_ends_the_run_with_one_line(runs):
     lines = stderr.strip().splitlines()
     assert lines[-1] == f"attnkit: error: worker 1 of 2 (pid {victim}) was killed by SIGKILL; the other workers were stopped"
     assert seconds < FAULT_SECONDS
-    assert _children(run.pid) == {}
+    assert children(run.pid) == {}
 
 
 def test_resume_after_a_kill_matches_the_uninterrupted_run(runs):
@@ -198,7 +181,7 @@ def test_a_launcher_killed_outright_leaves_no_worker_training_on(tmp_path):
     deadline = time.monotonic() + 600
     while not os.path.exists(first) and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    workers = _children(run.pid)
+    workers = children(run.pid)
     assert run.poll() is None and len(workers) == 2, "the run ended before its first checkpoint"
     run.kill()
     run.communicate(timeout=60)

@@ -5,8 +5,10 @@ engine (torch.distributed, jax.distributed, tensorflow's MultiWorkerMirroredStra
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -16,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 from attnkit.cli import main
 from attnkit.finetune import data, finetune, training
 from attnkit.pipelines.causal_checkpoint import load_causal_lm
+from backend_utils import children
 from tiny import date_chats, write_jsonl
 
 ARGS = ["--epochs", "2", "--batch-size", "4", "--learning-rate", "0.05", "--lora-rank", "4", "--lora-alpha", "8", "--max-length", "128"]
@@ -57,31 +60,76 @@ def test_token_weights_make_the_loss_the_mean_over_learned_tokens_and_are_requir
         model.test_on_batch(inputs, targets)
 
 
-def test_two_processes_train_as_one(tiny_dir, tmp_path):
+def _finetune_command(train, evaluation, tiny_dir, out, *extra):
+    return [sys.executable, "-m", "attnkit.cli", "finetune", "--data", train, "--eval", evaluation, "--model", tiny_dir,
+            "--output-dir", out, *ARGS, "--processes", "2", *extra]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dir, tmp_path_factory):
+    """The data and two runs: `one` in this process, `two` with --processes 2."""
+    root = tmp_path_factory.mktemp("processes")
     # 13 examples in batches of 4: the last batch has one row, so one process's share is all padding.
     # 5 evaluation examples: the second batch's share of process 1 is padding too.
-    train = write_jsonl(tmp_path / "train.jsonl", date_chats(13))
-    evaluation = write_jsonl(tmp_path / "eval.jsonl", date_chats(5, seed=7))
-    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    train = write_jsonl(root / "train.jsonl", date_chats(13))
+    evaluation = write_jsonl(root / "eval.jsonl", date_chats(5, seed=7))
+    one, two = str(root / "one"), str(root / "two")
     assert main(["finetune", "--data", train, "--eval", evaluation, "--model", tiny_dir, "--output-dir", one, *ARGS]) == 0
-    done = subprocess.run(
-        [sys.executable, "-m", "attnkit.cli", "finetune", "--data", train, "--eval", evaluation, "--model", tiny_dir,
-         "--output-dir", two, *ARGS,
-         "--processes", "2"], capture_output=True, text=True, timeout=600,
-    )
+    done = subprocess.run(_finetune_command(train, evaluation, tiny_dir, two), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "world size 2 (processes); per-process batch 2, global batch 4" in done.stdout
-    histories = [json.load(open(os.path.join(d, "finetune.json")))["history"] for d in (one, two)]
-    for a, b in zip(*histories, strict=True):
-        assert abs(a["loss"] - b["loss"]) < 1e-5
-        assert abs(a["eval_loss"] - b["eval_loss"]) < 1e-5
+    return dict(root=root, train=train, evaluation=evaluation, one=one, two=two, stdout=done.stdout)
+
+
+def _history(directory):
+    return json.load(open(os.path.join(directory, "finetune.json")))["history"]
+
+
+def _adapter(directory):
     from safetensors.numpy import load_file
 
-    a, b = (load_file(os.path.join(d, "adapter", "adapter_model.safetensors")) for d in (one, two))
-    assert a.keys() == b.keys()
-    for key in a:
-        np.testing.assert_allclose(a[key], b[key], atol=1e-5)
-    assert max(np.abs(v).max() for k, v in a.items() if "lora_B" in k) > 1e-3  # the adapter did train
+    return load_file(os.path.join(directory, "adapter", "adapter_model.safetensors"))
+
+
+def _assert_same_run(a, b):
+    """Same losses epoch for epoch and the same adapter, up to float32 rounding."""
+    for x, y in zip(_history(a), _history(b), strict=True):
+        assert abs(x["loss"] - y["loss"]) < 1e-5
+        assert abs(x["eval_loss"] - y["eval_loss"]) < 1e-5
+    x, y = _adapter(a), _adapter(b)
+    assert x.keys() == y.keys()
+    for key in x:
+        np.testing.assert_allclose(x[key], y[key], atol=1e-5)
+
+
+def test_two_processes_train_as_one(runs):
+    assert "world size 2 (processes); per-process batch 2, global batch 4" in runs["stdout"]
+    _assert_same_run(runs["one"], runs["two"])
+    assert max(np.abs(v).max() for k, v in _adapter(runs["one"]).items() if "lora_B" in k) > 1e-3  # the adapter did train
+
+
+def test_a_killed_worker_ends_the_run_with_one_line_and_resume_finishes_it(runs, tiny_dir):
+    """SIGKILL of worker 1 after the first checkpoint: the launcher stops the other worker and says
+    which one died, in one line; --resume then ends where the uninterrupted run ended."""
+    out = str(runs["root"] / "killed")
+    command = _finetune_command(runs["train"], runs["evaluation"], tiny_dir, out, "--save-every", "1")
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress = os.path.join(out, "checkpoint", "progress.json")
+    deadline = time.monotonic() + 600
+    while not os.path.exists(progress) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = [pid for pid, line in children(run.pid).items() if "--process-id 1 " in line + " "]
+    assert run.poll() is None and len(workers) == 1, "the run ended before its first checkpoint"
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 1
+    assert stderr.strip().splitlines()[-1] == (
+        f"attnkit: error: worker 1 of 2 (pid {workers[0]}) was killed by SIGKILL; the other workers were stopped")
+    assert children(run.pid) == {}
+    assert not os.path.exists(os.path.join(out, "finetune.json"))  # no output of a run that did not end
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming at epoch" in resumed.stdout
+    _assert_same_run(out, runs["two"])
 
 
 @pytest.mark.parametrize("arguments, message", [

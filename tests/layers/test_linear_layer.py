@@ -65,6 +65,30 @@ def test_int8_quantization_equals_dense(rng):
     np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs(x)), atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantizing_drops_the_float_kernel_without_a_collection_per_layer(rng, monkeypatch, mode):
+    """Keras's deletion of a variable runs gc.collect() (0.1-1 s in a large process, once per
+    quantized layer); a kernel in host memory is untracked and deleted without it, and is gone from
+    the layer's weights (and torch's parameters) all the same."""
+    import gc
+
+    ours, theirs = pair(rng, activation="relu")
+    float_kernel = ours._kernel
+    collections = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or 0)
+    ours.quantize(mode)
+    monkeypatch.undo()
+    assert collections == []
+    assert all(w is not float_kernel for w in ours.weights)
+    assert len(ours.weights) == len({id(w) for w in ours.weights})
+    if keras.backend.backend() == "torch":
+        assert all(p is not float_kernel.value for p in ours.parameters())
+    theirs.quantize(mode)
+    assert sorted(w.path for w in ours.weights) == sorted(w.path.replace("dense", "linear") for w in theirs.weights)
+    x = rng.standard_normal((B, T, D_IN)).astype("float32")
+    np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs(x)), atol=1e-6)
+
+
 def test_config_and_keras_file_round_trip(rng, tmp_path):
     ours, _ = pair(rng, activation="gelu")
     x = rng.standard_normal((B, T, D_IN)).astype("float32")
