@@ -98,7 +98,7 @@ class Linear(keras.layers.Dense):
         # device's buffer at once. `quantize` deletes every Dense's kernel, and one collection in a process
         # holding a backend and a model takes 0.1-1 s: quantizing a 32-projection model spent 10 s in
         # them. A variable in host memory is untracked and deleted as Keras does, without the collection
-        # (reference counting frees it); on an accelerator Keras's own deletion runs.
+        # (reference counting frees it); on an accelerator Keras's own deletion runs (docs/decisions.md item 145).
         value = getattr(self, name, None)
         if isinstance(value, keras.Variable) and _in_host_memory(value.value):
             self._untrack_variable(value)
