@@ -14,6 +14,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 if "--xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
 
+# The jax pass compiles thousands of small programs, and XLA's CPU code generation at its default
+# LLVM optimisation took a sixth of it: less optimisation (docs/decisions.md, item 146) cut two of its
+# heaviest files from 278 s to 230 s, results within every tolerance. Users' programs keep XLA's default.
+# (The tensorflow pass gained nothing from it, so it keeps the default too.) Subprocesses inherit it.
+if os.environ.get("KERAS_BACKEND") == "jax" and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
 # pytest-xdist runs N workers side by side (`make test`: 2 on 2 cores): each worker's backend takes
 # its share of the cores, not all of them, so that N thread pools do not spin against each other on
 # the same cores. Set before the backends start their pools; subprocesses inherit it; a value the
