@@ -6,16 +6,13 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from xla_flags import XLA_FAST_COMPILE  # noqa: F401  (re-exported for the tests that import it here)
 
 BACKEND = keras.backend.backend()
 
 # For a test whose subject does not depend on the backend of the pass that runs it (a subprocess that
 # chooses its own, matplotlib's backend): `make test` runs it once, in the torch pass, not three times.
 once_per_run = pytest.mark.skipif(BACKEND != "torch", reason="independent of the backend: runs in the torch pass")
-
-# XLA_FLAGS for jax subprocesses whose runs are compared with each other: less XLA optimisation, which
-# halves their compile time; every run of a comparison gets the same flags, so it still holds.
-XLA_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def children(pid):

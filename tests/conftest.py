@@ -18,8 +18,11 @@ if "--xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
 # LLVM optimisation took a sixth of it: less optimisation (docs/decisions.md, item 146) cut two of its
 # heaviest files from 278 s to 230 s, results within every tolerance. Users' programs keep XLA's default.
 # (The tensorflow pass gained nothing from it, so it keeps the default too.) Subprocesses inherit it.
+sys.path.insert(0, os.path.dirname(__file__))  # tests import reference.py, backend_utils.py, xla_flags.py
+from xla_flags import XLA_FAST_COMPILE  # noqa: E402
+
 if os.environ.get("KERAS_BACKEND") == "jax" and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    os.environ["XLA_FLAGS"] += f" {XLA_FAST_COMPILE}"
 
 # pytest-xdist runs N workers side by side (`make test`: 2 on 2 cores): each worker's backend takes
 # its share of the cores, not all of them, so that N thread pools do not spin against each other on
@@ -33,8 +36,6 @@ if _WORKERS > 1:
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))  # tests import reference.py and backend_utils.py
 
 import attnkit  # noqa: E402,F401  (chooses the Keras backend first)
 import keras  # noqa: E402
