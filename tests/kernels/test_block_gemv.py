@@ -14,7 +14,7 @@ gguf = pytest.importorskip("gguf")
 import torch  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from packed_blocks import K, N, layout, packed, tensors  # noqa: E402
+from packed_blocks import K, N, ODD_K, layout, packed, tensors  # noqa: E402
 
 from attnkit.kernels.quantized import PACKED_TYPES, block_gemv, block_linear  # noqa: E402
 
@@ -31,6 +31,16 @@ def test_block_gemv_equals_the_float64_product(type_name, rows):
     x = np.random.default_rng(rows + 100).standard_normal((rows, K)).astype(np.float32)
     y = block_gemv.block_gemv(torch.from_numpy(x), *tensors(weights), **layout(weights)).numpy()
     assert y.shape == (rows, N) and y.dtype == np.float32
+    assert_float32_product(y, x, reference)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("k", ODD_K)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_groups_beyond_the_last_eight_are_multiplied_too(type_name, k, rows):
+    weights, reference = packed(type_name, seed=k, k=k)
+    x = np.random.default_rng(k + rows).standard_normal((rows, k)).astype(np.float32)
+    y = block_gemv.block_gemv(torch.from_numpy(x), *tensors(weights), **layout(weights)).numpy()
     assert_float32_product(y, x, reference)
 
 
@@ -58,6 +68,44 @@ def test_rows_are_independent_of_the_batch_and_the_threads(rows, threads, type_n
     finally:
         torch.set_num_threads(before)
     assert torch.equal(together, alone)
+
+
+def _widened(weights):
+    """The same blocks with their float16 scales and offsets widened to float32 (the same numbers)."""
+    import dataclasses
+
+    widen = lambda a: None if a is None else a.astype(np.float32)
+    return dataclasses.replace(weights, scale=widen(weights.scale), offset=widen(weights.offset))
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("plain", [False, True])
+def test_float16_scales_give_the_products_of_their_float32_values_bit_for_bit(type_name, plain):
+    """The file's float16 scales (docs/decisions.md item 147) are widened exactly in every kernel:
+    products, q8 products and the dequantization equal those of the same scales held in float32."""
+    library = block_gemv.build(("-O2", "-mno-avx2", "-mno-fma", "-mno-f16c", "-fopenmp", "-shared", "-fPIC")) if plain else None
+    weights, _ = packed(type_name, seed=11)
+    assert weights.scale.dtype == np.float16
+    wide = _widened(weights)
+    x = torch.from_numpy(np.random.default_rng(12).standard_normal((7, K)).astype(np.float32))
+    for activations in (None, "q8"):
+        y16 = block_gemv.block_gemv(x, *tensors(weights), **layout(weights), activations=activations, library=library)
+        y32 = block_gemv.block_gemv(x, *tensors(wide), **layout(wide), activations=activations, library=library)
+        assert torch.equal(y16, y32), activations
+    w16 = block_gemv.dequantize(*tensors(weights), **layout(weights), library=library)
+    assert torch.equal(w16, block_gemv.dequantize(*tensors(wide), **layout(wide), library=library))
+
+
+def test_scales_and_offsets_of_mixed_dtypes_are_refused_by_the_kernel_and_multiplied_by_block_linear():
+    weights, reference = packed("Q4_1", seed=13)
+    values, scale, offset = tensors(weights)
+    x = torch.from_numpy(np.random.default_rng(14).standard_normal((2, K)).astype(np.float32))
+    with pytest.raises(TypeError, match="float32 or float16 scales"):
+        block_gemv.block_gemv(x, values, scale.float(), offset, **layout(weights))
+    with pytest.raises(TypeError, match="float32 or float16 scales"):
+        block_gemv.block_gemv(x, values, scale.double(), offset.double(), **layout(weights))
+    y = block_linear(x, values, scale.float(), offset, **layout(weights)).numpy()  # the dequantize-then-GEMM path
+    assert_float32_product(y, x.numpy(), reference)
 
 
 def test_block_linear_uses_the_kernel_for_few_rows_and_the_gemm_beyond(monkeypatch):

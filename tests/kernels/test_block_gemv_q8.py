@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 gguf = pytest.importorskip("gguf")
 
-from packed_blocks import K, N, layout, packed  # noqa: E402
+from packed_blocks import K, N, ODD_K, layout, packed  # noqa: E402
 
 from attnkit.kernels.quantized import PACKED_TYPES, block_gemv, block_linear  # noqa: E402
 from attnkit.kernels.quantized.block_matmul import round_q8  # noqa: E402
@@ -59,6 +59,16 @@ def test_the_q8_kernel_is_the_rounded_product(type_name, rows):
     weights, reference = packed(type_name, seed=rows)
     x = np.random.default_rng(rows).standard_normal((rows, K)).astype(np.float32) * np.float32(3)
     x[0, :32] = 0  # a block of zeros: scale 0
+    assert_q8_product(_product(x, weights), x, reference)
+
+
+@torch_only
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("k", ODD_K)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_blocks_beyond_the_last_eight_are_multiplied_too(type_name, k, rows):
+    weights, reference = packed(type_name, seed=k, k=k)
+    x = np.random.default_rng(k + rows).standard_normal((rows, k)).astype(np.float32)
     assert_q8_product(_product(x, weights), x, reference)
 
 

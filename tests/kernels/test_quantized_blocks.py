@@ -48,6 +48,26 @@ def test_repacking_dequantizes_as_gguf_bit_for_bit(type_name):
 
 
 @pytest.mark.parametrize("type_name", PACKED_TYPES)
+def test_the_files_float16_scales_are_kept_as_stored(type_name):
+    """Q4_0's, Q4_1's and Q8_0's d (and Q4_1's m) are float16 in the file and stay so, byte for byte
+    (docs/decisions.md item 147); Q4_K's and Q6_K's products d * sc are kept in float32."""
+    raw, _ = quantized(type_name, seed=3)
+    weights = repack(raw, type_name, (N, K))
+    if type_name.endswith("_K"):
+        assert weights.scale.dtype == np.float32 and (weights.offset is None or weights.offset.dtype == np.float32)
+        return
+    size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][1]
+    blocks = raw.reshape(N * K // 32, size)
+    assert weights.scale.dtype == np.float16
+    np.testing.assert_array_equal(weights.scale.reshape(-1).view(np.uint8).reshape(-1, 2), blocks[:, :2])
+    if type_name == "Q4_1":
+        assert weights.offset.dtype == np.float16
+        np.testing.assert_array_equal(weights.offset.reshape(-1).view(np.uint8).reshape(-1, 2), blocks[:, 2:4])
+    bits = {"Q4_0": 4.5, "Q4_1": 5, "Q8_0": 8.5}[type_name]
+    assert weights.nbytes == N * K * bits / 8  # the file's own size
+
+
+@pytest.mark.parametrize("type_name", PACKED_TYPES)
 @pytest.mark.parametrize("batch", [(1,), (2, 3)])
 def test_block_linear_equals_float64_product_of_gguf_dequantization(type_name, batch):
     raw, reference = quantized(type_name, seed=1)

@@ -142,11 +142,11 @@ def test_packed_model_holds_the_packed_bytes(loaded):
     name, float_lm, packed_lm = loaded
     projections = LAYERS * (2 * D * D + 2 * D * D // 2 + 3 * D * D_FF)  # weights in the projections
     floats = V * D + (2 * LAYERS + 1) * D  # embeddings and norms stay float32
-    bits = {"Q8_0": 9, "Q4_0": 5, "Q4_1": 6}  # values + float32 scale (+ offset) per 32
+    bits = {"Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5}  # values + the file's float16 scale (+ offset) per 32
     expected = 4 * floats + (projections * bits[name] / 8 if name in bits else
                              LAYERS * (3 * D * D) * 6 / 8 + LAYERS * 3 * D * D_FF * 10 / 8)  # Q4_K attention, Q6_K ffn
     tied_blocks = len(FILES[name]) == 3  # the tied output held as the embeddings' Q8_0 blocks too (item 137)
-    assert packed_bytes(packed_lm.model) == expected + (V * D * 9 / 8 if tied_blocks else 0)
+    assert packed_bytes(packed_lm.model) == expected + (V * D * 8.5 / 8 if tied_blocks else 0)
     assert packed_bytes(float_lm.model) == 4 * (floats + projections)
     assert float_lm.model.lm_head is None  # the file's output is tied
     assert (packed_lm.model.lm_head is not None) == tied_blocks

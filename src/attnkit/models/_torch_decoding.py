@@ -258,9 +258,9 @@ class FusedBlocks:
             if not all(t.device.type == "cpu" and t.is_contiguous() for t in held):
                 return None
             if any(t.dtype != torch.float32 for t in gammas) or any(
-                t.dtype != torch.float32 for entry in tensors for t in entry[1:4] if t is not None
-            ):
-                return None
+                entry[3] is not None and entry[3].dtype != torch.float32 for entry in tensors
+            ) or not all(block_gemv.takes_scales(entry[1], entry[2]) for entry in tensors):
+                return None  # biases float32; scales and offsets float32, or float16 both (GGUF's own)
             norms.append(gammas)
             weights.append(decode_step.projections(tensors))
             keep_alive.append(held)

@@ -5,7 +5,8 @@
  *
  * x: float32 (M, K), row-major.  y: float32 (M, N).  values: int8 (N, K) when bits == 8; uint8
  * (N, K / 2) when bits == 4, each group of 32 in 16 bytes, element i in the low nibble of byte i and
- * element i + 16 in its high nibble.  scale, offset: float32 (N, K / group); offset may be NULL.
+ * element i + 16 in its high nibble.  scale, offset: float32 (N, K / group), or float16 when half
+ * (GGUF's own scales, widened exactly: the same values); offset may be NULL.
  *
  * bfloat16_gemv: the same for a bfloat16 W (N, K) on a CPU without bfloat16 products: each weight
  * widened exactly to float32 in registers (16 bits shifted up), float32 products and sums.
@@ -27,60 +28,78 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 
+/* acc[m] += s * sum_i q_i x_i over group g, rows [0, t) */
+static inline __attribute__((always_inline)) void group_avx2(
+        const float *x, int64_t K, const int t, const uint8_t *vals, int64_t g, __m256 s, int bits, int64_t group,
+        __m256 *acc) {
+    const float *xg = x + g * group;
+    if (bits == 4) { /* group == 32: 16 bytes */
+        const __m128i b = _mm_loadu_si128((const __m128i *)(vals + g * 16));
+        const __m128i mask = _mm_set1_epi8(15);
+        const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
+        const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+        const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
+        for (int m = 0; m < t; m++) {
+            const float *xm = xg + m * K;
+            /* two independent chains: four dependent FMAs a group left the FMA units waiting */
+            __m256 d0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xm)), d1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xm + 8));
+            d0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xm + 16), d0);
+            d1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xm + 24), d1);
+            acc[m] = _mm256_fmadd_ps(s, _mm256_add_ps(d0, d1), acc[m]);
+        }
+    } else { /* int8, group a multiple of 8 */
+        const int8_t *q = (const int8_t *)vals + g * group;
+        __m256 d[TILE];
+        for (int m = 0; m < t; m++) d[m] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < group; i += 8) {
+            const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+            for (int m = 0; m < t; m++) d[m] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xg + m * K + i), d[m]);
+        }
+        for (int m = 0; m < t; m++) acc[m] = _mm256_fmadd_ps(s, d[m], acc[m]);
+    }
+}
+
 /* rows [0, t) of the sums s_g * sum_i q_i x_i over the groups g of one row n of W (the offsets are
- * added by the caller); inlined for each constant t, so the accumulators stay in registers */
+ * added by the caller); inlined for each constant t and scale width, so the accumulators stay in
+ * registers. Scales are read eight at a time (float16 ones widened by one instruction). */
 static inline __attribute__((always_inline)) void row_avx2(
-        const float *x, int64_t K, const int t, const uint8_t *vals, const float *sc, int bits, int64_t group,
-        float *out) {
+        const float *x, int64_t K, const int t, const uint8_t *vals, const void *sc, const int half, int bits,
+        int64_t group, float *out) {
     __m256 acc[TILE];
     for (int m = 0; m < t; m++) acc[m] = _mm256_setzero_ps();
     const int64_t G = K / group;
-    for (int64_t g = 0; g < G; g++) {
-        const __m256 s = _mm256_set1_ps(sc[g]);
-        const float *xg = x + g * group;
-        if (bits == 4) { /* group == 32: 16 bytes */
-            const __m128i b = _mm_loadu_si128((const __m128i *)(vals + g * 16));
-            const __m128i mask = _mm_set1_epi8(15);
-            const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-            const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-            const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
-            const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-            const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
-            for (int m = 0; m < t; m++) {
-                const float *xm = xg + m * K;
-                /* two independent chains: four dependent FMAs a group left the FMA units waiting */
-                __m256 d0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xm)), d1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xm + 8));
-                d0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xm + 16), d0);
-                d1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xm + 24), d1);
-                acc[m] = _mm256_fmadd_ps(s, _mm256_add_ps(d0, d1), acc[m]);
-            }
-        } else { /* int8, group a multiple of 8 */
-            const int8_t *q = (const int8_t *)vals + g * group;
-            __m256 d[TILE];
-            for (int m = 0; m < t; m++) d[m] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < group; i += 8) {
-                const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
-                for (int m = 0; m < t; m++) d[m] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xg + m * K + i), d[m]);
-            }
-            for (int m = 0; m < t; m++) acc[m] = _mm256_fmadd_ps(s, d[m], acc[m]);
-        }
+    int64_t g = 0;
+    for (; g + 8 <= G; g += 8) {
+        const __m256 s8 = groups8_at(sc, half, g);
+        for (int j = 0; j < 8; j++) group_avx2(x, K, t, vals, g + j, LANE(s8, j), bits, group, acc);
     }
+    for (; g < G; g++) group_avx2(x, K, t, vals, g, _mm256_set1_ps(group_at(sc, half, g)), bits, group, acc);
     for (int m = 0; m < t; m++) out[m] = hsum(acc[m]);
 }
 
-static void row_avx2_tile(const float *x, int64_t K, int t, const uint8_t *vals, const float *sc, int bits,
+static void row_avx2_tile(const float *x, int64_t K, int t, const uint8_t *vals, const void *sc, int half, int bits,
                           int64_t group, float *out) {
-    switch (t) { /* a constant t for each copy */
-    case 1: row_avx2(x, K, 1, vals, sc, bits, group, out); break;
-    case 2: row_avx2(x, K, 2, vals, sc, bits, group, out); break;
-    case 3: row_avx2(x, K, 3, vals, sc, bits, group, out); break;
-    default: row_avx2(x, K, 4, vals, sc, bits, group, out); break;
-    }
+#define ROW(T, H) row_avx2(x, K, T, vals, sc, H, bits, group, out)
+    if (half) switch (t) { /* a constant t and scale width for each copy */
+        case 1: ROW(1, 1); break;
+        case 2: ROW(2, 1); break;
+        case 3: ROW(3, 1); break;
+        default: ROW(4, 1); break;
+        }
+    else switch (t) {
+        case 1: ROW(1, 0); break;
+        case 2: ROW(2, 0); break;
+        case 3: ROW(3, 0); break;
+        default: ROW(4, 0); break;
+        }
+#undef ROW
 }
 #endif
 
 /* the same sums in plain C: CPUs without AVX2 and FMA, and groups that are not a multiple of 8 */
-static void row_plain(const float *x, int64_t K, int t, const uint8_t *vals, const float *sc, const float *off,
+static void row_plain(const float *x, int64_t K, int t, const uint8_t *vals, const void *sc, const void *off, int half,
                       int bits, float zero, int64_t group, float *out) {
     for (int m = 0; m < t; m++) out[m] = 0.0f;
     for (int64_t k = 0; k < K; k++) {
@@ -93,7 +112,7 @@ static void row_plain(const float *x, int64_t K, int t, const uint8_t *vals, con
         } else {
             q = (float)((const int8_t *)vals)[k];
         }
-        const float w = sc[g] * (q - zero) + (off ? off[g] : 0.0f);
+        const float w = group_at(sc, half, g) * (q - zero) + (off ? group_at(off, half, g) : 0.0f);
         for (int m = 0; m < t; m++) out[m] += w * x[m * K + k];
     }
 }
@@ -108,7 +127,7 @@ int block_gemv_vectorized(int64_t group) {
 }
 
 /* Whether the vector loop of W needs the groups' sums of x (an offset or a zero point). */
-int block_gemv_shifted(const float *offset, float zero, int64_t group) {
+int block_gemv_shifted(const void *offset, float zero, int64_t group) {
     return block_gemv_vectorized(group) && (offset || zero != 0.0f);
 }
 
@@ -129,11 +148,11 @@ int block_gemv_group_sums(const float *x, int64_t M, int64_t K, int64_t group, f
 /* out[m] = sum_k W[n, k] x[m, k] for t <= TILE rows of x and one row n of W (its values, scales and
  * offsets); xsum: the t rows' group sums where block_gemv_shifted, else unread; plain: the scalar loop,
  * which dequantizes each weight before multiplying (non-finite x). */
-void block_gemv_row(const float *x, int64_t K, int t, const uint8_t *vals, const float *sc, const float *off, int bits,
-                    float zero, int64_t group, const float *xsum, int plain, float *out) {
+void block_gemv_row(const float *x, int64_t K, int t, const uint8_t *vals, const void *sc, const void *off, int half,
+                    int bits, float zero, int64_t group, const float *xsum, int plain, float *out) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (!plain && block_gemv_vectorized(group)) {
-        row_avx2_tile(x, K, t, vals, sc, bits, group, out);
+        row_avx2_tile(x, K, t, vals, sc, half, bits, group, out);
         if (off || zero != 0.0f) { /* + sum_g (o_g - s_g zero) xsum[m, g], eight groups at a time */
             const int64_t G = K / group;
             const __m256 z = _mm256_set1_ps(zero);
@@ -142,11 +161,11 @@ void block_gemv_row(const float *x, int64_t K, int t, const uint8_t *vals, const
                 __m256 acc = _mm256_setzero_ps();
                 int64_t g = 0;
                 for (; g + 8 <= G; g += 8) {
-                    const __m256 c = _mm256_fnmadd_ps(_mm256_loadu_ps(sc + g), z, off ? _mm256_loadu_ps(off + g) : _mm256_setzero_ps());
+                    const __m256 c = _mm256_fnmadd_ps(groups8_at(sc, half, g), z, off ? groups8_at(off, half, g) : _mm256_setzero_ps());
                     acc = _mm256_fmadd_ps(c, _mm256_loadu_ps(xs + g), acc);
                 }
                 out[m] += hsum(acc);
-                for (; g < G; g++) out[m] += ((off ? off[g] : 0.0f) - sc[g] * zero) * xs[g];
+                for (; g < G; g++) out[m] += ((off ? group_at(off, half, g) : 0.0f) - group_at(sc, half, g) * zero) * xs[g];
             }
         }
         return;
@@ -154,11 +173,11 @@ void block_gemv_row(const float *x, int64_t K, int t, const uint8_t *vals, const
 #endif
     (void)xsum;
     (void)plain;
-    row_plain(x, K, t, vals, sc, off, bits, zero, group, out);
+    row_plain(x, K, t, vals, sc, off, half, bits, zero, group, out);
 }
 
-int block_gemv(const float *x, int64_t M, int64_t K, const uint8_t *values, const float *scale, const float *offset,
-                int bits, float zero, int64_t group, int64_t N, float *y, int threads) {
+int block_gemv(const float *x, int64_t M, int64_t K, const uint8_t *values, const void *scale, const void *offset,
+               int half, int bits, float zero, int64_t group, int64_t N, float *y, int threads) {
     const int64_t G = K / group, row_bytes = bits == 4 ? K / 2 : K;
     /* sum_i W[n, i] x[m, i] = sum_g s_g sum_i q_i x_i + (o_g - s_g zero) xsum[m, g]: the vector loop
      * multiplies the integers only; each group's constant part meets the group's sum of x */
@@ -172,11 +191,11 @@ int block_gemv(const float *x, int64_t M, int64_t K, const uint8_t *values, cons
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *vals = values + n * row_bytes;
-        const float *sc = scale + n * G, *off = offset ? offset + n * G : 0;
+        const void *sc = groups_after(scale, half, n * G), *off = groups_after(offset, half, n * G);
         for (int64_t m0 = 0; m0 < M; m0 += TILE) {
             const int t = M - m0 < TILE ? (int)(M - m0) : TILE;
             float out[TILE];
-            block_gemv_row(x + m0 * K, K, t, vals, sc, off, bits, zero, group, shifted ? xsum + m0 * G : 0, 0, out);
+            block_gemv_row(x + m0 * K, K, t, vals, sc, off, half, bits, zero, group, shifted ? xsum + m0 * G : 0, 0, out);
             for (int m = 0; m < t; m++) y[(m0 + m) * N + n] = out[m];
         }
     }
@@ -244,13 +263,13 @@ void bfloat16_gemv(const float *x, int64_t M, int64_t K, const uint16_t *weight,
 /* W (N, K) float32 = scale (q - zero) + offset, each weight as block_matmul.dequantize computes it,
  * bit for bit (a product, then a sum: the library is built with -ffp-contract=off), for a prefill's
  * GEMM; rows shared among the threads. */
-void block_dequantize(const uint8_t *values, const float *scale, const float *offset, int bits, float zero,
+void block_dequantize(const uint8_t *values, const void *scale, const void *offset, int half, int bits, float zero,
                       int64_t group, int64_t N, int64_t K, float *w, int threads) {
     const int64_t G = K / group, row_bytes = bits == 4 ? K / 2 : K;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         for (int64_t g = 0; g < G; g++) {
-            const float s = scale[n * G + g], o = offset ? offset[n * G + g] : 0.0f;
+            const float s = group_at(scale, half, n * G + g), o = offset ? group_at(offset, half, n * G + g) : 0.0f;
             float *out = w + n * K + g * group;
             if (bits == 4) { /* group 32: element i in the low nibble of byte i, i + 16 in its high one */
                 const uint8_t *b = values + n * row_bytes + g * 16;

@@ -45,7 +45,7 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, activation
     give NaN where the product is infinite (the caller then dequantizes; NaN in x gives NaN either way).
 
     Args: as `block_matmul.dequantize` (values uint8 (N, K / 2) for bits 4, else int8 (N, K); scale
-    and offset float32 (N, G), offset possibly None), as CPU torch tensors.
+    and offset float32 or float16 (N, G), both of one dtype, offset possibly None), as CPU torch tensors.
 
     activations: None (x multiplied as it is), or "q8": x rounded to 8-bit blocks of 32 first, as
     llama.cpp rounds it, and integer dot products (block_gemv_q8.c; docs/decisions.md item 144; a
@@ -61,11 +61,9 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, activation
     library = _built(library)
     n, k = shape
     expected = torch.uint8 if bits == 4 else torch.int8
-    if x.dtype != torch.float32 or values.dtype != expected or scale.dtype != torch.float32:
-        raise TypeError(
-            f"block_gemv multiplies float32 x by {expected} values with float32 scales. Received: x {x.dtype}, "
-            f"values {values.dtype}, scale {scale.dtype}"
-        )
+    if x.dtype != torch.float32 or values.dtype != expected:
+        raise TypeError(f"block_gemv multiplies float32 x by {expected} values. Received: x {x.dtype}, values {values.dtype}")
+    half = _half(scale, offset)
     x = x.contiguous()
     m = x.shape[0]
     y = torch.empty((m, n), dtype=torch.float32)
@@ -73,11 +71,32 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, activation
     offset = None if offset is None else offset.contiguous()
     status = (library.block_gemv_q8 if activations == "q8" else library.block_gemv)(
         x.data_ptr(), m, k, values.data_ptr(), scale.data_ptr(), None if offset is None else offset.data_ptr(),
-        bits, float(zero), group, n, y.data_ptr(), torch.get_num_threads(),
+        half, bits, float(zero), group, n, y.data_ptr(), torch.get_num_threads(),
     )
     if status == -1:
         raise MemoryError(f"block_gemv could not allocate {m} x {k // group} floats")
     return None if status == 1 else y
+
+
+def takes_scales(scale, offset=None):
+    """Whether the kernels read these scales and offsets (torch tensors or None): float32, or float16
+    both (GGUF's own, widened exactly in the kernels)."""
+    import torch
+
+    dtypes = {t.dtype for t in (scale, offset) if t is not None}
+    return dtypes in ({torch.float32}, {torch.float16})
+
+
+def _half(scale, offset):
+    """1 where the scales (and offsets) are float16, 0 where float32; a TypeError otherwise."""
+    import torch
+
+    if not takes_scales(scale, offset):
+        raise TypeError(
+            "The packed kernels read float32 or float16 scales, and offsets of the same dtype. Received: scale "
+            f"{scale.dtype}, offset {None if offset is None else offset.dtype}"
+        )
+    return int(scale.dtype == torch.float16)
 
 
 def q8_takes(bits, group, k):
@@ -114,11 +133,12 @@ def dequantize(values, scale, offset, *, bits, zero, group, shape, library=None)
 
     library = _built(library)
     n, k = shape
+    half = _half(scale, offset)
     values, scale = values.contiguous(), scale.contiguous()
     offset = None if offset is None else offset.contiguous()
     w = torch.empty((n, k), dtype=torch.float32)
     library.block_dequantize(
-        values.data_ptr(), scale.data_ptr(), None if offset is None else offset.data_ptr(), bits, float(zero), group, n, k,
+        values.data_ptr(), scale.data_ptr(), None if offset is None else offset.data_ptr(), half, bits, float(zero), group, n, k,
         w.data_ptr(), torch.get_num_threads(),
     )
     return w
@@ -203,13 +223,13 @@ def build(flags=FLAGS):
                 os.remove(aside)
     library = ctypes.CDLL(path)
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
-    library.block_gemv.argtypes = [pointer, i64, i64, pointer, pointer, pointer, ctypes.c_int, ctypes.c_float, i64, i64, pointer, ctypes.c_int]
+    library.block_gemv.argtypes = [pointer, i64, i64, pointer, pointer, pointer, ctypes.c_int, ctypes.c_int, ctypes.c_float, i64, i64, pointer, ctypes.c_int]
     library.block_gemv.restype = ctypes.c_int
     library.block_gemv_q8.argtypes, library.block_gemv_q8.restype = library.block_gemv.argtypes, ctypes.c_int
     library.bfloat16_gemv.argtypes = [pointer, i64, i64, pointer, i64, pointer, ctypes.c_int]
     library.bfloat16_gemv.restype = None
     library.decode_layer.restype = ctypes.c_int  # its arguments: decode_step.py
-    library.block_dequantize.argtypes = [pointer, pointer, pointer, ctypes.c_int, ctypes.c_float, i64, i64, i64, pointer, ctypes.c_int]
+    library.block_dequantize.argtypes = [pointer, pointer, pointer, ctypes.c_int, ctypes.c_int, ctypes.c_float, i64, i64, i64, pointer, ctypes.c_int]
     library.block_dequantize.restype = None
     library.block_gemv_q8_rounded.argtypes = [pointer, i64, i64, pointer, ctypes.c_int]
     library.block_gemv_q8_rounded.restype = ctypes.c_int

@@ -96,25 +96,55 @@ void block_gemv_q8_round(const float *x, int64_t M, int64_t K, int8_t *q, float 
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* acc[m] += lane j of sd[m] * sum_i q4_i q_i over 4-bit block b, rows [0, t) */
+static inline __attribute__((always_inline)) void q4_block(
+        const int8_t *q, int64_t K, const int t, const uint8_t *vals, int64_t b, const __m256 *sd, const int j,
+        __m256i nibble, __m256i ones, __m256 *acc) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(vals + b * 16));
+    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), nibble); /* 32 u8 */
+    for (int m = 0; m < t; m++) {
+        const __m256i y = _mm256_loadu_si256((const __m256i *)(q + m * K + b * Q8));
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones)); /* 8 sums */
+        acc[m] = _mm256_fmadd_ps(LANE(sd[m], j), dot, acc[m]);
+    }
+}
+
+/* acc[m] += (lane j of sd[m], or sd[m] itself when j < 0) * sum_i w_i q_i over 8-bit block b, rows [0, t) */
+static inline __attribute__((always_inline)) void q8_block(
+        const int8_t *q, int64_t K, const int t, const uint8_t *vals, int64_t b, const __m256 *sd, const int j,
+        __m256i ones, __m256 *acc) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)((const int8_t *)vals + b * Q8));
+    const __m256i magnitude = _mm256_sign_epi8(w, w);
+    for (int m = 0; m < t; m++) {
+        const __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q + m * K + b * Q8)), w);
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, y), ones); /* 8 int32 */
+        acc[m] = _mm256_fmadd_ps(j < 0 ? sd[m] : LANE(sd[m], j), _mm256_cvtepi32_ps(dot), acc[m]);
+    }
+}
+#endif
+
 /* out[m] = sum_k W[n, k] x^[m, k] for t <= TILE rounded rows (their q, d, qsum) and one row n of W */
 static inline __attribute__((always_inline)) void q8_row(
-        const int8_t *q, const float *d, const int32_t *qsum, int64_t K, const int t, const uint8_t *vals, const float *sc,
-        const float *off, int bits, float zero, int64_t group, float *out) {
+        const int8_t *q, const float *d, const int32_t *qsum, int64_t K, const int t, const uint8_t *vals, const void *sc,
+        const void *off, const int half, int bits, float zero, int64_t group, float *out) {
     const int64_t B = K / Q8;
 #if defined(__AVX2__) && defined(__FMA__)
     const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     if (bits == 4) { /* group = block = 32: 16 bytes, element i low and i + 16 high */
         __m256 acc[TILE];
         for (int m = 0; m < t; m++) acc[m] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < B; b++) {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(vals + b * 16));
-            const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), nibble); /* 32 u8 */
-            const __m256 s = _mm256_broadcast_ss(sc + b);
-            for (int m = 0; m < t; m++) {
-                const __m256i y = _mm256_loadu_si256((const __m256i *)(q + m * K + b * Q8));
-                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, y), ones)); /* 8 sums */
-                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_broadcast_ss(d + m * B + b)), dot, acc[m]);
-            }
+        int64_t b = 0;
+        for (; b + 8 <= B; b += 8) { /* eight blocks: their scales s_b d_b multiplied together */
+            const __m256 s8 = groups8_at(sc, half, b);
+            __m256 sd[TILE];
+            for (int m = 0; m < t; m++) sd[m] = _mm256_mul_ps(s8, _mm256_loadu_ps(d + m * B + b));
+            for (int j = 0; j < 8; j++) q4_block(q, K, t, vals, b + j, sd, j, nibble, ones, acc);
+        }
+        for (; b < B; b++) {
+            __m256 sd[TILE];
+            for (int m = 0; m < t; m++) sd[m] = _mm256_set1_ps(group_at(sc, half, b) * d[m * B + b]);
+            q4_block(q, K, t, vals, b, sd, 0, nibble, ones, acc);
         }
         for (int m = 0; m < t; m++) {
             out[m] = hsum(acc[m]);
@@ -123,12 +153,13 @@ static inline __attribute__((always_inline)) void q8_row(
                 const __m256 z = _mm256_set1_ps(zero);
                 int64_t b = 0;
                 for (; b + 8 <= B; b += 8) {
-                    const __m256 c = _mm256_fnmadd_ps(_mm256_loadu_ps(sc + b), z, off ? _mm256_loadu_ps(off + b) : _mm256_setzero_ps());
+                    const __m256 c = _mm256_fnmadd_ps(groups8_at(sc, half, b), z, off ? groups8_at(off, half, b) : _mm256_setzero_ps());
                     const __m256 xs = _mm256_mul_ps(_mm256_loadu_ps(d + m * B + b), _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(qsum + m * B + b))));
                     shift = _mm256_fmadd_ps(c, xs, shift);
                 }
                 out[m] += hsum(shift);
-                for (; b < B; b++) out[m] += ((off ? off[b] : 0.0f) - sc[b] * zero) * (d[m * B + b] * (float)qsum[m * B + b]);
+                for (; b < B; b++)
+                    out[m] += ((off ? group_at(off, half, b) : 0.0f) - group_at(sc, half, b) * zero) * (d[m * B + b] * (float)qsum[m * B + b]);
             }
         }
         return;
@@ -136,17 +167,21 @@ static inline __attribute__((always_inline)) void q8_row(
     if (bits == 8) { /* signed weights: |w| (unsigned) times y with w's sign */
         __m256 acc[TILE];
         for (int m = 0; m < t; m++) acc[m] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < B; b++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)((const int8_t *)vals + b * Q8));
-            const __m256i magnitude = _mm256_sign_epi8(w, w);
-            /* lanes 0-3 of the dot hold inputs 0-15, lanes 4-7 inputs 16-31: each its group's scale */
-            const float s0 = group == 16 ? sc[2 * b] : sc[b * Q8 / group], s1 = group == 16 ? sc[2 * b + 1] : s0;
-            for (int m = 0; m < t; m++) {
-                const __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q + m * K + b * Q8)), w);
-                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, y), ones); /* 8 int32 */
-                const float dm = d[m * B + b];
-                acc[m] = _mm256_fmadd_ps(_mm256_set_m128(_mm_set1_ps(s1 * dm), _mm_set1_ps(s0 * dm)), _mm256_cvtepi32_ps(dot), acc[m]);
+        int64_t b = 0;
+        if (group == Q8) /* Q8_0: eight blocks' scales s_b d_b multiplied together */
+            for (; b + 8 <= B; b += 8) {
+                const __m256 s8 = groups8_at(sc, half, b);
+                __m256 sd[TILE];
+                for (int m = 0; m < t; m++) sd[m] = _mm256_mul_ps(s8, _mm256_loadu_ps(d + m * B + b));
+                for (int j = 0; j < 8; j++) q8_block(q, K, t, vals, b + j, sd, j, ones, acc);
             }
+        for (; b < B; b++) {
+            /* lanes 0-3 of the dot hold inputs 0-15, lanes 4-7 inputs 16-31: each its group's scale */
+            const float s0 = group_at(sc, half, group == 16 ? 2 * b : b * Q8 / group);
+            const float s1 = group == 16 ? group_at(sc, half, 2 * b + 1) : s0;
+            __m256 sd[TILE];
+            for (int m = 0; m < t; m++) sd[m] = _mm256_set_m128(_mm_set1_ps(s1 * d[m * B + b]), _mm_set1_ps(s0 * d[m * B + b]));
+            q8_block(q, K, t, vals, b, sd, -1, ones, acc);
         }
         for (int m = 0; m < t; m++) out[m] = hsum(acc[m]);
         return;
@@ -164,13 +199,14 @@ static inline __attribute__((always_inline)) void q8_row(
                     const uint8_t byte = vals[b * 16 + (i % 16)];
                     dot += (i < 16 ? (byte & 15) : (byte >> 4)) * y[i];
                 }
-                out[m] += sc[b] * dm * (float)dot + ((off ? off[b] : 0.0f) - sc[b] * zero) * dm * (float)qsum[m * B + b];
+                const float s = group_at(sc, half, b), o = off ? group_at(off, half, b) : 0.0f;
+                out[m] += s * dm * (float)dot + (o - s * zero) * dm * (float)qsum[m * B + b];
             } else {
                 for (int64_t g0 = 0; g0 < Q8; g0 += group < Q8 ? group : Q8) { /* group 16: two a block */
                     const int64_t width = group < Q8 ? group : Q8;
                     int32_t dot = 0;
                     for (int64_t i = g0; i < g0 + width; i++) dot += ((const int8_t *)vals)[b * Q8 + i] * y[i];
-                    out[m] += sc[(b * Q8 + g0) / group] * dm * (float)dot;
+                    out[m] += group_at(sc, half, (b * Q8 + g0) / group) * dm * (float)dot;
                 }
             }
         }
@@ -178,26 +214,34 @@ static inline __attribute__((always_inline)) void q8_row(
 
 /* out[m] = sum_k W[n, k] x^[m, k] for t <= TILE rounded rows (their q, d, qsum) and one row n of W */
 void block_gemv_q8_row(const int8_t *q, const float *d, const int32_t *qsum, int64_t K, int t, const uint8_t *vals,
-                       const float *sc, const float *off, int bits, float zero, int64_t group, float *out) {
-    switch (t) { /* a constant t for each copy: the accumulators stay in registers */
-    case 1: q8_row(q, d, qsum, K, 1, vals, sc, off, bits, zero, group, out); break;
-    case 2: q8_row(q, d, qsum, K, 2, vals, sc, off, bits, zero, group, out); break;
-    case 3: q8_row(q, d, qsum, K, 3, vals, sc, off, bits, zero, group, out); break;
-    default: q8_row(q, d, qsum, K, 4, vals, sc, off, bits, zero, group, out); break;
-    }
+                       const void *sc, const void *off, int half, int bits, float zero, int64_t group, float *out) {
+#define ROW(T, H) q8_row(q, d, qsum, K, T, vals, sc, off, H, bits, zero, group, out)
+    if (half) switch (t) { /* a constant t and scale width for each copy: the accumulators stay in registers */
+        case 1: ROW(1, 1); break;
+        case 2: ROW(2, 1); break;
+        case 3: ROW(3, 1); break;
+        default: ROW(4, 1); break;
+        }
+    else switch (t) {
+        case 1: ROW(1, 0); break;
+        case 2: ROW(2, 0); break;
+        case 3: ROW(3, 0); break;
+        default: ROW(4, 0); break;
+        }
+#undef ROW
 }
 
 /* y (M, N) = x^ W^T: block_gemv with x rounded; -1 when memory ran out */
-int block_gemv_q8(const float *x, int64_t M, int64_t K, const uint8_t *values, const float *scale, const float *offset,
-                  int bits, float zero, int64_t group, int64_t N, float *y, int threads) {
+int block_gemv_q8(const float *x, int64_t M, int64_t K, const uint8_t *values, const void *scale, const void *offset,
+                  int half, int bits, float zero, int64_t group, int64_t N, float *y, int threads) {
     const int64_t G = K / group, row_bytes = bits == 4 ? K / 2 : K;
     struct q8_rows r;
     if (q8_rows_alloc(&r, M, K)) return -1;
     block_gemv_q8_round(x, M, K, r.q, r.d, r.qsum, r.ok);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++)
-        block_gemv_q8_rows(x, r.q, r.d, r.qsum, r.ok, M, K, values + n * row_bytes, scale + n * G, offset ? offset + n * G : 0,
-                           bits, zero, group, y + n, N);
+        block_gemv_q8_rows(x, r.q, r.d, r.qsum, r.ok, M, K, values + n * row_bytes, groups_after(scale, half, n * G),
+                           groups_after(offset, half, n * G), half, bits, zero, group, y + n, N);
     q8_rows_free(&r);
     return 0;
 }
@@ -205,7 +249,7 @@ int block_gemv_q8(const float *x, int64_t M, int64_t K, const uint8_t *values, c
 /* y[m * stride] for every row m of x against one row of W: rounded rows by tiles, the others
  * unrounded (the scalar loop) */
 void block_gemv_q8_rows(const float *x, const int8_t *q, const float *d, const int32_t *qsum, const uint8_t *ok,
-                        int64_t M, int64_t K, const uint8_t *vals, const float *sc, const float *off, int bits,
+                        int64_t M, int64_t K, const uint8_t *vals, const void *sc, const void *off, int half, int bits,
                         float zero, int64_t group, float *y, int64_t stride) {
     const int64_t B = K / Q8;
     for (int64_t m0 = 0; m0 < M; m0 += TILE) {
@@ -214,14 +258,14 @@ void block_gemv_q8_rows(const float *x, const int8_t *q, const float *d, const i
         int all = 1;
         for (int m = 0; m < t; m++) all &= ok[m0 + m];
         if (all) {
-            block_gemv_q8_row(q + m0 * K, d + m0 * B, qsum + m0 * B, K, t, vals, sc, off, bits, zero, group, out);
+            block_gemv_q8_row(q + m0 * K, d + m0 * B, qsum + m0 * B, K, t, vals, sc, off, half, bits, zero, group, out);
         } else {
             for (int m = 0; m < t; m++) {
                 if (ok[m0 + m])
-                    block_gemv_q8_row(q + (m0 + m) * K, d + (m0 + m) * B, qsum + (m0 + m) * B, K, 1, vals, sc, off, bits,
-                                      zero, group, out + m);
+                    block_gemv_q8_row(q + (m0 + m) * K, d + (m0 + m) * B, qsum + (m0 + m) * B, K, 1, vals, sc, off, half,
+                                      bits, zero, group, out + m);
                 else
-                    block_gemv_row(x + (m0 + m) * K, K, 1, vals, sc, off, bits, zero, group, 0, 1, out + m);
+                    block_gemv_row(x + (m0 + m) * K, K, 1, vals, sc, off, half, bits, zero, group, 0, 1, out + m);
             }
         }
         for (int m = 0; m < t; m++) y[(m0 + m) * stride] = out[m];

@@ -35,14 +35,15 @@ def dequantize(values, scale, offset, *, bits, zero, group, shape, activations=N
 
     Args:
         values: uint8 (N, K / 2) when bits == 4, else int8 (N, K).
-        scale: float32 (N, G).
-        offset: float32 (N, G) or None.
+        scale: float32 or float16 (N, G) (GGUF's own Q4_0 / Q4_1 / Q8_0 scales), widened exactly.
+        offset: (N, G) in scale's dtype, or None.
         bits, zero, group, shape: as in `BlockWeights`.
         activations: how a product treats x (see `block_linear`); W does not depend on it.
         dtype: the result's dtype (the float32 dequantization, rounded once).
     """
     n, k = shape
-    if _torch_cpu(values, scale):  # one pass in C, the same numbers (a prefill's GEMM operand)
+    scales = (scale,) if offset is None else (scale, offset)
+    if _torch_cpu(values, scales=scales):  # one pass in C, the same numbers (a prefill's GEMM operand)
         w = block_gemv.dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape)
         return w if dtype == "float32" else ops.cast(w, dtype)
     if bits == 4:
@@ -53,9 +54,9 @@ def dequantize(values, scale, offset, *, bits, zero, group, shape, activations=N
     q = ops.cast(q, "float32")  # small integers: exact
     if zero:
         q = ops.subtract(q, float(zero))
-    w = ops.multiply(ops.expand_dims(scale, -1), q)  # (N, G, group)
+    w = ops.multiply(ops.expand_dims(ops.cast(scale, "float32"), -1), q)  # (N, G, group); a float16 scale widened exactly
     if offset is not None:
-        w = ops.add(w, ops.expand_dims(offset, -1))
+        w = ops.add(w, ops.expand_dims(ops.cast(offset, "float32"), -1))
     w = ops.reshape(w, (n, k))
     return w if dtype == "float32" else ops.cast(w, dtype)
 
@@ -79,7 +80,7 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
         raise ValueError(f"q8 activations need 4-bit groups of 32 or 8-bit groups of 16 or of a multiple of 32, K a multiple of 32. Received: bits={bits}, group={group}, shape={shape}")
     dtype = ops.dtype(x) if hasattr(x, "dtype") else "float32"
     dtype = dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
-    if _few_rows_on_cpu(x, values, scale, dtype):
+    if _few_rows_on_cpu(x, values, scale, offset, dtype):
         # a decoding step's product: the packed bytes read once, dequantized in registers (block_gemv)
         k = shape[1]
         y = block_gemv.block_gemv(
@@ -124,13 +125,18 @@ def round_q8(x):
     return ops.reshape(ops.where(ops.reshape(fine, (-1, 1, 1)), rounded, blocks), shape)
 
 
-def _torch_cpu(*tensors):
-    """Whether the tensors are torch CPU tensors, the float ones float32, and the C kernels built."""
-    if keras.backend.backend() != "torch" or not all(ops.is_tensor(t) for t in tensors):
+def _torch_cpu(*tensors, scales=()):
+    """Whether the tensors are torch CPU tensors, the float ones float32 (`scales`: float32, or float16
+    all of them), and the C kernels built."""
+    if keras.backend.backend() != "torch" or not all(ops.is_tensor(t) for t in (*tensors, *scales)):
         return False
     import torch
 
-    return all(t.device.type == "cpu" and (t.dtype == torch.float32 or not t.is_floating_point()) for t in tensors) and block_gemv.available()
+    return (
+        all(t.device.type == "cpu" and (t.dtype == torch.float32 or not t.is_floating_point()) for t in tensors)
+        and all(t.device.type == "cpu" for t in scales) and (not scales or block_gemv.takes_scales(*scales))
+        and block_gemv.available()
+    )
 
 
 def _grad_enabled():
@@ -139,14 +145,14 @@ def _grad_enabled():
     return torch.is_grad_enabled()
 
 
-def _few_rows_on_cpu(x, values, scale, dtype):
+def _few_rows_on_cpu(x, values, scale, offset, dtype):
     """Whether x W^T goes to `block_gemv`: torch, float32, CPU tensors, at most MAX_ROWS rows of x, outside
     autograd (the kernel has no gradient), and the kernel built."""
     if keras.backend.backend() != "torch" or dtype != "float32" or not ops.is_tensor(x):
         return False
     import torch
 
-    if x.dtype != torch.float32 or scale.dtype != torch.float32:  # float64 / integer x: the GEMM path casts them
+    if x.dtype != torch.float32 or not block_gemv.takes_scales(scale, offset):  # float64 / integer x: the GEMM path casts them
         return False
     if x.device.type != "cpu" or values.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
         return False

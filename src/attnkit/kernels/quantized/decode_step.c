@@ -30,11 +30,13 @@
 
 struct projection { /* y = x W^T + bias, W as block_gemv reads it */
     const uint8_t *values;
-    const float *scale, *offset, *bias; /* offset, bias: NULL when absent */
+    const void *scale, *offset; /* float32, or float16 when half; offset NULL when absent */
+    const float *bias;          /* NULL when absent */
     int64_t n, k, group;
     int32_t bits;
     float zero;
-    int32_t q8; /* 1: x rounded to 8-bit blocks of 32 first (block_gemv_q8.c) */
+    int32_t q8;   /* 1: x rounded to 8-bit blocks of 32 first (block_gemv_q8.c) */
+    int32_t half; /* 1: scale and offset float16 (GGUF's own) */
 };
 
 
@@ -47,8 +49,8 @@ static void product(const struct projection *p, const float *x, int64_t M, float
         block_gemv_q8_round(x, M, K, r->q, r->d, r->qsum, r->ok);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
-            block_gemv_q8_rows(x, r->q, r->d, r->qsum, r->ok, M, K, p->values + n * row_bytes, p->scale + n * G,
-                               p->offset ? p->offset + n * G : 0, p->bits, p->zero, p->group, y + n, N);
+            block_gemv_q8_rows(x, r->q, r->d, r->qsum, r->ok, M, K, p->values + n * row_bytes, groups_after(p->scale, p->half, n * G),
+                               groups_after(p->offset, p->half, n * G), p->half, p->bits, p->zero, p->group, y + n, N);
             if (p->bias)
                 for (int64_t m = 0; m < M; m++) y[m * N + n] += p->bias[n];
         }
@@ -60,11 +62,11 @@ static void product(const struct projection *p, const float *x, int64_t M, float
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *vals = p->values + n * row_bytes;
-        const float *sc = p->scale + n * G, *off = p->offset ? p->offset + n * G : 0;
+        const void *sc = groups_after(p->scale, p->half, n * G), *off = groups_after(p->offset, p->half, n * G);
         for (int64_t m0 = 0; m0 < M; m0 += TILE) {
             const int t = M - m0 < TILE ? (int)(M - m0) : TILE;
             float out[TILE];
-            block_gemv_row(x + m0 * K, K, t, vals, sc, off, p->bits, p->zero, p->group, xsum + m0 * G, *plain, out);
+            block_gemv_row(x + m0 * K, K, t, vals, sc, off, p->half, p->bits, p->zero, p->group, xsum + m0 * G, *plain, out);
             for (int m = 0; m < t; m++) y[(m0 + m) * N + n] = out[m] + (p->bias ? p->bias[n] : 0.0f);
         }
     }

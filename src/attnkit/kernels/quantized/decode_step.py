@@ -30,7 +30,7 @@ class Projection(ctypes.Structure):
     _fields_ = [
         ("values", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p), ("bias", ctypes.c_void_p),
         ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int32),
-        ("zero", ctypes.c_float), ("q8", ctypes.c_int32),
+        ("zero", ctypes.c_float), ("q8", ctypes.c_int32), ("half", ctypes.c_int32),
     ]
 
 
@@ -51,8 +51,8 @@ def projections(tensors):
     """The seven projections as a ctypes array for `decode_layer`.
 
     tensors: for each of `ROLES`, (values, scale, offset or None, bias or None, layout) as contiguous
-    CPU torch tensors (values uint8 / int8, the others float32) and the `block_format` dict; the
-    caller keeps the tensors alive and unchanged (in-place writes are seen)."""
+    CPU torch tensors (values uint8 / int8; scale and offset float32, or both float16; bias float32) and
+    the `block_format` dict; the caller keeps the tensors alive and unchanged (in-place writes are seen)."""
     array = (Projection * len(ROLES))()
     for entry, (values, scale, offset, bias, layout) in zip(array, tensors):
         n, k = layout["shape"]
@@ -61,6 +61,7 @@ def projections(tensors):
         entry.bias = None if bias is None else bias.data_ptr()
         entry.n, entry.k, entry.group, entry.bits, entry.zero = n, k, layout["group"], layout["bits"], float(layout["zero"])
         entry.q8 = layout.get("activations") == "q8"
+        entry.half = block_gemv._half(scale, offset)
     return array
 
 

@@ -4,20 +4,22 @@
 Every type kept packed dequantizes as w = scale_g * (q - zero) + offset_g for the weights of one
 group g of `group` consecutive inputs, with q a small integer:
 
-    type  group  q (stored)                    zero  scale (float32)   offset (float32)
-    Q4_0  32     4-bit, two per byte            8    d                 none
-    Q4_1  32     4-bit, two per byte            0    d                 m
-    Q4_K  32     4-bit, two per byte            0    d * sc            -(dmin * m)
-    Q8_0  32     int8                           0    d                 none
-    Q6_K  16     int8 (6-bit, -32..31)          0    d * sc            none
+    type  group  q (stored)                    zero  scale              offset
+    Q4_0  32     4-bit, two per byte            8    d (float16)        none
+    Q4_1  32     4-bit, two per byte            0    d (float16)        m (float16)
+    Q4_K  32     4-bit, two per byte            0    d * sc (float32)   -(dmin * m) (float32)
+    Q8_0  32     int8                           0    d (float16)        none
+    Q6_K  16     int8 (6-bit, -32..31)          0    d * sc (float32)   none
 
 The scale and offset are computed with gguf's own float32 operations in its order, so
 `dequantize_numpy(repack(t))` equals `gguf.quants.dequantize(t)` bit for bit (tests/kernels). The
 4-bit values of a group of 32 are stored in 16 bytes, element i in the low nibble of byte i and
 element i + 16 in its high nibble (Q4_0's and Q4_1's own order; Q4_K's 64-element chunks are
-reordered into it). Scales are kept in float32, not GGUF's float16 (Q4_K's and Q6_K's products d * sc
-are not float16 numbers): 5 bits per weight for Q4_0, 6 for Q4_1 / Q4_K, 9 for Q8_0, 10 for Q6_K
-(GGUF: 4.5, 5, 4.5, 8.5, 6.56).
+reordered into it). Q4_0's, Q4_1's and Q8_0's scales and minimums are the file's own float16 numbers,
+kept as float16 (every kernel widens them exactly: a step reads 17% fewer bytes of Q4_1 than with
+float32 scales, docs/decisions.md item 147); Q4_K's and Q6_K's products d * sc are not float16
+numbers and are kept in float32. Bits per weight: 4.5 for Q4_0, 5 for Q4_1, 6 for Q4_K, 8.5 for
+Q8_0, 10 for Q6_K (GGUF: 4.5, 5, 4.5, 8.5, 6.56).
 
 Legend: N rows (outputs), K columns (inputs), G = K / group groups per row.
 """
@@ -38,8 +40,8 @@ class BlockWeights:
         type_name: the GGUF type it came from ("Q4_0", ...).
         bits: 4 (values: uint8 (N, K / 2), two per byte) or 8 (values: int8 (N, K)).
         values: the packed integers.
-        scale: float32 (N, G).
-        offset: float32 (N, G), or None (zero).
+        scale: float16 or float32 (N, G).
+        offset: (N, G) in scale's dtype, or None (zero).
         zero: the integer subtracted from every value before scaling (8 for Q4_0).
         group: inputs per group (32 or 16).
         shape: (N, K).
@@ -87,7 +89,12 @@ def repack(data, type_name, shape, name="the tensor"):
 
 def _half(raw):
     """Little-endian float16 bytes (..., 2) as float32 (..., 1)."""
-    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+    return _float16(raw).astype(np.float32)
+
+
+def _float16(raw):
+    """Little-endian float16 bytes (..., 2) as float16 (..., 1), as stored."""
+    return np.ascontiguousarray(raw).view(np.float16)
 
 
 def _nibbles_per_group(blocks16, n, k):
@@ -104,19 +111,19 @@ def pack_nibbles(q):
 
 def _q4_0(blocks, n, k):
     d, qs = blocks[:, :2], blocks[:, 2:]  # (blocks, 2), (blocks, 16)
-    return BlockWeights("Q4_0", 4, _nibbles_per_group(qs, n, k), _half(d).reshape(n, k // 32), None, 8, 32, (n, k))
+    return BlockWeights("Q4_0", 4, _nibbles_per_group(qs, n, k), _float16(d).reshape(n, k // 32), None, 8, 32, (n, k))
 
 
 def _q4_1(blocks, n, k):
     d, m, qs = blocks[:, :2], blocks[:, 2:4], blocks[:, 4:]
     return BlockWeights(
-        "Q4_1", 4, _nibbles_per_group(qs, n, k), _half(d).reshape(n, k // 32), _half(m).reshape(n, k // 32), 0, 32, (n, k)
+        "Q4_1", 4, _nibbles_per_group(qs, n, k), _float16(d).reshape(n, k // 32), _float16(m).reshape(n, k // 32), 0, 32, (n, k)
     )
 
 
 def _q8_0(blocks, n, k):
     d, qs = blocks[:, :2], blocks[:, 2:]
-    return BlockWeights("Q8_0", 8, np.ascontiguousarray(qs).view(np.int8).reshape(n, k), _half(d).reshape(n, k // 32), None, 0, 32, (n, k))
+    return BlockWeights("Q8_0", 8, np.ascontiguousarray(qs).view(np.int8).reshape(n, k), _float16(d).reshape(n, k // 32), None, 0, 32, (n, k))
 
 
 def _q4_k(blocks, n, k):
@@ -155,7 +162,7 @@ def dequantize_numpy(weights):
     else:
         q = weights.values.reshape(n, k // g, g)
     q = (q - np.int8(weights.zero)).astype(np.float32)
-    w = weights.scale[..., None] * q
+    w = weights.scale.astype(np.float32)[..., None] * q  # a float16 scale widened exactly, as gguf does
     if weights.offset is not None:
-        w = w + weights.offset[..., None]
+        w = w + weights.offset.astype(np.float32)[..., None]
     return w.reshape(n, k)
