@@ -82,18 +82,7 @@ static inline __attribute__((always_inline)) void row_avx2(
 static void row_avx2_tile(const float *x, int64_t K, int t, const uint8_t *vals, const void *sc, int half, int bits,
                           int64_t group, float *out) {
 #define ROW(T, H) row_avx2(x, K, T, vals, sc, H, bits, group, out)
-    if (half) switch (t) { /* a constant t and scale width for each copy */
-        case 1: ROW(1, 1); break;
-        case 2: ROW(2, 1); break;
-        case 3: ROW(3, 1); break;
-        default: ROW(4, 1); break;
-        }
-    else switch (t) {
-        case 1: ROW(1, 0); break;
-        case 2: ROW(2, 0); break;
-        case 3: ROW(3, 0); break;
-        default: ROW(4, 0); break;
-        }
+    FOR_CONSTANT_TILE(t, half);
 #undef ROW
 }
 #endif

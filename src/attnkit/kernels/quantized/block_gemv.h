@@ -6,6 +6,24 @@
 
 #define TILE 4 /* rows of x multiplied per pass over a row of W */
 
+/* ROW(T, H) for t rows (1..TILE) and scale width `half`, each pair a constant: one inlined copy
+ * per pair, so a row's accumulators stay in registers. The caller defines ROW. */
+#define FOR_CONSTANT_TILE(t, half)                                                                          \
+    do {                                                                                                    \
+        if (half) switch (t) {                                                                              \
+            case 1: ROW(1, 1); break;                                                                       \
+            case 2: ROW(2, 1); break;                                                                       \
+            case 3: ROW(3, 1); break;                                                                       \
+            default: ROW(4, 1); break;                                                                      \
+            }                                                                                               \
+        else switch (t) {                                                                                   \
+            case 1: ROW(1, 0); break;                                                                       \
+            case 2: ROW(2, 0); break;                                                                       \
+            case 3: ROW(3, 0); break;                                                                       \
+            default: ROW(4, 0); break;                                                                      \
+            }                                                                                               \
+    } while (0)
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 /* the sum of a vector's 8 floats */

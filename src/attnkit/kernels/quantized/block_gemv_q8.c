@@ -216,18 +216,7 @@ static inline __attribute__((always_inline)) void q8_row(
 void block_gemv_q8_row(const int8_t *q, const float *d, const int32_t *qsum, int64_t K, int t, const uint8_t *vals,
                        const void *sc, const void *off, int half, int bits, float zero, int64_t group, float *out) {
 #define ROW(T, H) q8_row(q, d, qsum, K, T, vals, sc, off, H, bits, zero, group, out)
-    if (half) switch (t) { /* a constant t and scale width for each copy: the accumulators stay in registers */
-        case 1: ROW(1, 1); break;
-        case 2: ROW(2, 1); break;
-        case 3: ROW(3, 1); break;
-        default: ROW(4, 1); break;
-        }
-    else switch (t) {
-        case 1: ROW(1, 0); break;
-        case 2: ROW(2, 0); break;
-        case 3: ROW(3, 0); break;
-        default: ROW(4, 0); break;
-        }
+    FOR_CONSTANT_TILE(t, half);
 #undef ROW
 }
 
