@@ -49,6 +49,19 @@ static inline __attribute__((always_inline)) void group_avx2(
             d1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xm + 24), d1);
             acc[m] = _mm256_fmadd_ps(s, _mm256_add_ps(d0, d1), acc[m]);
         }
+    } else if (group == 32) { /* Q8_0: the group's 32 int8 weights as four vectors, two chains */
+        const int8_t *q = (const int8_t *)vals + g * 32;
+        const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+        const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
+        const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 16))));
+        const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 24))));
+        for (int m = 0; m < t; m++) {
+            const float *xm = xg + m * K;
+            __m256 d0 = _mm256_mul_ps(w0, _mm256_loadu_ps(xm)), d1 = _mm256_mul_ps(w1, _mm256_loadu_ps(xm + 8));
+            d0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xm + 16), d0);
+            d1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xm + 24), d1);
+            acc[m] = _mm256_fmadd_ps(s, _mm256_add_ps(d0, d1), acc[m]);
+        }
     } else { /* int8, group a multiple of 8 */
         const int8_t *q = (const int8_t *)vals + g * group;
         __m256 d[TILE];
