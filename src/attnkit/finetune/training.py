@@ -92,10 +92,40 @@ def prepare(lm, *, full=False, targets=("q", "k", "v", "o", "gate", "up", "down"
         model.trainable = True
     else:
         lora.enable(model, targets, rank, alpha)
-    # tensorflow traces train_on_batch for any batch size, and CausalLM needs known shapes (its host
-    # bookkeeping): tensorflow runs the step eagerly; jax compiles it for each padded length.
-    model.compile(optimizer=optimizer, loss=TokenLoss(), run_eagerly=keras.backend.backend() == "tensorflow")
+    # jax compiles the step for each padded length; tensorflow too, one function per shape (`PerShape`)
+    model.compile(optimizer=optimizer, loss=TokenLoss())
+    if keras.backend.backend() == "tensorflow":
+        model.train_function, model.test_function = PerShape(model, model.train_step), PerShape(model, model.test_step)
     return model
+
+
+class PerShape:
+    """tensorflow: Keras's compiled `train_on_batch` / `test_on_batch` step, one tf.function per shape
+    of the batch (docs/decisions.md item 148).
+
+    Keras traces its step with `reduce_retracing`: the second shape it sees (another padded length, a
+    last batch of fewer rows) retraces it for unknown dimensions, which `CausalLM` refuses (it places
+    positions on the host from the shape). Running eagerly instead made a step several times slower than
+    a traced one. Each shape gets its own Keras function here, which never sees another shape; a
+    `tf.data` iterator (`fit`, `evaluate`) goes to Keras's own function."""
+
+    def __init__(self, model, step):
+        self.model, self.step, self.by_shape, self.default = model, step, {}, None
+
+    def __call__(self, iterator):
+        import tensorflow as tf
+
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            if self.default is None:
+                self.default = self.model._make_function(self.step)
+            return self.default(iterator)
+        outputs = None
+        for batch in iterator:  # train_on_batch and test_on_batch give one (x, y, sample_weight)
+            key = tuple(None if t is None else (tuple(t.shape), str(t.dtype)) for t in keras.tree.flatten(batch))
+            if key not in self.by_shape:
+                self.by_shape[key] = self.model._make_function(self.step)
+            outputs = self.by_shape[key](iter([batch]))
+        return outputs
 
 
 def train_step(model, inputs, targets, weights=None):
