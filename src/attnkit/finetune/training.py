@@ -105,9 +105,9 @@ class PerShape:
 
     Keras traces its step with `reduce_retracing`: the second shape it sees (another padded length, a
     last batch of fewer rows) retraces it for unknown dimensions, which `CausalLM` refuses (it places
-    positions on the host from the shape). Running eagerly instead made a step several times slower than
-    a traced one. Each shape gets its own Keras function here, which never sees another shape; a
-    `tf.data` iterator (`fit`, `evaluate`) goes to Keras's own function."""
+    positions on the host from the shape), and running eagerly gives up the compiled step. Each shape
+    gets its own Keras function here, which never sees another shape; a `tf.data` iterator (`fit`,
+    `evaluate`) goes to Keras's own function."""
 
     def __init__(self, model, step):
         self.model, self.step, self.by_shape, self.default = model, step, {}, None
