@@ -46,10 +46,33 @@ def test_compiled_steps_of_every_shape_equal_the_eager_steps(tiny_dir):
         np.testing.assert_allclose(weights[key], eager_weights[key], atol=1e-6, err_msg=key)
 
 
-def test_tensorflow_traces_one_function_per_shape_and_reuses_it(tiny_dir):
+def test_tensorflow_traces_one_function_per_shape_and_reuses_it(tiny_dir, monkeypatch):
+    """Each shape's step is traced once (the loss's Python runs only while tracing) and run compiled
+    after, without XLA (where the token ids' check cannot run)."""
+    calls = []
+    loss_call = training.TokenLoss.call
+    monkeypatch.setattr(training.TokenLoss, "call", lambda self, *a: calls.append(1) or loss_call(self, *a))
     lm = load_causal_lm(tiny_dir)
     model = training.prepare(lm, targets=TARGETS, rank=4, alpha=8, optimizer=keras.optimizers.SGD(0.1))
+    assert not model.run_eagerly and model.jit_compile is False
     batches = _batches(lm)
+    traced = []
     for inputs, targets in batches:
         training.train_step(model, inputs, targets)
-    assert len(model.train_function.by_shape) == len({inputs.shape for inputs, _ in batches})
+        traced.append(len(calls))
+    shapes = len({inputs.shape for inputs, _ in batches})
+    assert len(model.train_function.by_shape) == shapes
+    assert traced[3] == traced[2]  # batch 3 has batch 0's shape: its step is not traced again
+    assert traced[-1] == shapes * traced[0]  # one trace a shape, the same number of loss calls each
+
+
+def test_keras_fit_evaluate_and_predict_still_take_batches_of_any_size(tiny_dir):
+    lm = load_causal_lm(tiny_dir)
+    model = training.prepare(lm, targets=TARGETS, rank=4, alpha=8, optimizer=keras.optimizers.SGD(0.1))
+    inputs, targets = data.collate([data.encode(lm, {"text": t}, 64) for t in ("ab", "cde", "fghij")], lm.pad_id)
+    weights = training.token_weights(targets)
+    history = model.fit(inputs, targets, sample_weight=weights, batch_size=2, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert np.isfinite(model.evaluate(inputs, targets, sample_weight=weights, batch_size=2, verbose=0))
+    logits = model.predict(inputs, batch_size=2, verbose=0)  # batches of 2 rows, then 1
+    np.testing.assert_allclose(logits, keras.ops.convert_to_numpy(model(inputs)), atol=1e-5)

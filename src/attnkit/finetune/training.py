@@ -92,11 +92,23 @@ def prepare(lm, *, full=False, targets=("q", "k", "v", "o", "gate", "up", "down"
         model.trainable = True
     else:
         lora.enable(model, targets, rank, alpha)
-    # jax compiles the step for each padded length; tensorflow too, one function per shape (`PerShape`)
-    model.compile(optimizer=optimizer, loss=TokenLoss())
-    if keras.backend.backend() == "tensorflow":
+    # jax compiles the step for each padded length; tensorflow too, one function per shape (`PerShape`),
+    # without XLA, inside which the token ids' check cannot run
+    tensorflow = keras.backend.backend() == "tensorflow"
+    model.compile(optimizer=optimizer, loss=TokenLoss(), jit_compile=False if tensorflow else "auto")
+    if tensorflow:
         model.train_function, model.test_function = PerShape(model, model.train_step), PerShape(model, model.test_step)
+        _eagerly(model, lambda: model.make_predict_function(force=True))  # predict's batches: any size
     return model
+
+
+def _eagerly(model, make):
+    """What `make` returns, made with `model.run_eagerly` set: Keras's functions for batches of any size."""
+    eager, model.run_eagerly = model.run_eagerly, True
+    try:
+        return make()
+    finally:
+        model.run_eagerly = eager
 
 
 class PerShape:
@@ -106,8 +118,8 @@ class PerShape:
     Keras traces its step with `reduce_retracing`: the second shape it sees (another padded length, a
     last batch of fewer rows) retraces it for unknown dimensions, which `CausalLM` refuses (it places
     positions on the host from the shape), and running eagerly gives up the compiled step. Each shape
-    gets its own Keras function here, which never sees another shape; a `tf.data` iterator (`fit`,
-    `evaluate`) goes to Keras's own function."""
+    gets its own Keras function here, which never sees another shape. A `tf.data` iterator (Keras's
+    `fit` and `evaluate`, whose batches have no known size) goes to Keras's function run eagerly."""
 
     def __init__(self, model, step):
         self.model, self.step, self.by_shape, self.default = model, step, {}, None
@@ -117,7 +129,7 @@ class PerShape:
 
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             if self.default is None:
-                self.default = self.model._make_function(self.step)
+                self.default = _eagerly(self.model, lambda: self.model._make_function(self.step))
             return self.default(iterator)
         outputs = None
         for batch in iterator:  # train_on_batch and test_on_batch give one (x, y, sample_weight)
