@@ -28,6 +28,15 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 
+/* the eight lanes of sum_i w_i x_i over a group of 32 (w in four vectors), in two independent
+ * chains: four dependent FMAs a group left the FMA units waiting */
+static inline __attribute__((always_inline)) __m256 dot32(const float *x, __m256 w0, __m256 w1, __m256 w2, __m256 w3) {
+    __m256 d0 = _mm256_mul_ps(w0, _mm256_loadu_ps(x)), d1 = _mm256_mul_ps(w1, _mm256_loadu_ps(x + 8));
+    d0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), d0);
+    d1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), d1);
+    return _mm256_add_ps(d0, d1);
+}
+
 /* acc[m] += s * sum_i q_i x_i over group g, rows [0, t) */
 static inline __attribute__((always_inline)) void group_avx2(
         const float *x, int64_t K, const int t, const uint8_t *vals, int64_t g, __m256 s, int bits, int64_t group,
@@ -41,27 +50,14 @@ static inline __attribute__((always_inline)) void group_avx2(
         const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
         const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
         const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
-        for (int m = 0; m < t; m++) {
-            const float *xm = xg + m * K;
-            /* two independent chains: four dependent FMAs a group left the FMA units waiting */
-            __m256 d0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xm)), d1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xm + 8));
-            d0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xm + 16), d0);
-            d1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xm + 24), d1);
-            acc[m] = _mm256_fmadd_ps(s, _mm256_add_ps(d0, d1), acc[m]);
-        }
-    } else if (group == 32) { /* Q8_0: the group's 32 int8 weights as four vectors, two chains */
+        for (int m = 0; m < t; m++) acc[m] = _mm256_fmadd_ps(s, dot32(xg + m * K, q0, q1, q2, q3), acc[m]);
+    } else if (group == 32) { /* Q8_0: the group's 32 int8 weights as four vectors */
         const int8_t *q = (const int8_t *)vals + g * 32;
         const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
         const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
         const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 16))));
         const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 24))));
-        for (int m = 0; m < t; m++) {
-            const float *xm = xg + m * K;
-            __m256 d0 = _mm256_mul_ps(w0, _mm256_loadu_ps(xm)), d1 = _mm256_mul_ps(w1, _mm256_loadu_ps(xm + 8));
-            d0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xm + 16), d0);
-            d1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xm + 24), d1);
-            acc[m] = _mm256_fmadd_ps(s, _mm256_add_ps(d0, d1), acc[m]);
-        }
+        for (int m = 0; m < t; m++) acc[m] = _mm256_fmadd_ps(s, dot32(xg + m * K, w0, w1, w2, w3), acc[m]);
     } else { /* int8, group a multiple of 8 */
         const int8_t *q = (const int8_t *)vals + g * group;
         __m256 d[TILE];
