@@ -125,10 +125,8 @@ def _onednn_linear_class():
     class OneDNNLinear(torch.autograd.Function):
         """activation(x @ kernel + bias), activation None or ReLU, by oneDNN forward and backward.
 
-        oneDNN's linear operator has no backward of its own. The backward's products are linears too:
-        dX = dY kernel^T is a linear of dY with `kernel` as its (d_in, d_out) weight; dK = X^T dY a
-        linear of X^T with dY^T as weight. Under `create_graph` the backward runs torch's own
-        differentiable products instead, so second derivatives are torch's.
+        oneDNN's linear operator has no backward of its own. The backward's products are linears too
+        (`linear_grads`).
         """
 
         @staticmethod
@@ -147,18 +145,31 @@ def _onednn_linear_class():
                 grad = grad.masked_fill(y <= 0, 0)  # ReLU's gradient: 0 where the output is 0
             grad_rows, x_rows = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (M, d_out), (M, d_in)
             needs_x, needs_kernel, needs_bias, _ = ctx.needs_input_grad
-            # create_graph: differentiable products; torch.compile: Inductor's, as in `takes`
-            if torch.is_grad_enabled() or torch.compiler.is_compiling():
-                grad_x = grad @ kernel.t() if needs_x else None
-                grad_kernel = x_rows.t() @ grad_rows if needs_kernel else None
-            else:
-                lp = torch.ops.mkldnn._linear_pointwise
-                grad_x = lp(grad, kernel, None, "none", [], "none") if needs_x else None  # (..., d_in)
-                grad_kernel = lp(x_rows.t(), grad_rows.t(), None, "none", [], "none") if needs_kernel else None  # (d_in, d_out)
+            grad_x, grad_kernel = linear_grads(grad_rows, x_rows, kernel, needs_x, needs_kernel)
+            grad_x = None if grad_x is None else grad_x.reshape(x.shape)  # (..., d_in)
             grad_bias = grad_rows.sum(0) if needs_bias else None  # (d_out,)
             return grad_x, grad_kernel, grad_bias, None
 
     return OneDNNLinear
+
+
+def linear_grads(grad_rows, x_rows, kernel, needs_x=True, needs_kernel=True):
+    """The backward products of x kernel: (dX = dY kernel^T (M, d_in), dK = X^T dY (d_in, d_out)), each
+    None where not needed, for grad_rows dY (M, d_out) and x_rows X (M, d_in) contiguous torch tensors.
+
+    Where oneDNN takes them, both are oneDNN linears (dX a linear of dY with `kernel` as its
+    (d_in, d_out) weight, dK one of X^T with dY^T as weight); under `create_graph` torch's own
+    differentiable products, so second derivatives are torch's, and under torch.compile Inductor's."""
+    import torch
+
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or not takes(grad_rows, kernel, None):
+        grad_x = grad_rows @ kernel.t() if needs_x else None
+        grad_kernel = x_rows.t() @ grad_rows if needs_kernel else None
+        return grad_x, grad_kernel
+    lp = torch.ops.mkldnn._linear_pointwise
+    grad_x = lp(grad_rows, kernel, None, "none", [], "none") if needs_x else None
+    grad_kernel = lp(x_rows.t(), grad_rows.t(), None, "none", [], "none") if needs_kernel else None
+    return grad_x, grad_kernel
 
 
 class _LazyFunction:

@@ -12,6 +12,7 @@ import warnings
 
 import keras
 
+from attnkit import kernels
 from attnkit.kernels.quantized import block_linear, dequantize
 from attnkit.ops.linear import linear
 
@@ -35,8 +36,12 @@ class Linear(keras.layers.Dense):
             # PEFT's order, x W + (alpha / r) (x A) B, not Dense's x (W + (alpha / r) A B): the
             # d_in x d_out update is never formed, so a training step computes no gradient of that
             # size for the frozen W (docs/decisions.md item 134). x: (..., d_in), A (d_in, r), B (r, d_out).
-            update = keras.ops.matmul(keras.ops.matmul(inputs, self.lora_kernel_a), self.lora_kernel_b)  # (..., d_out)
-            return self.activation(linear(inputs, self._kernel, self.bias) + (self.lora_alpha / self.lora_rank) * update)
+            scale = self.lora_alpha / self.lora_rank
+            y = kernels.lora_linear(inputs, self._kernel, self.bias, self.lora_kernel_a, self.lora_kernel_b, scale)
+            if y is None:
+                update = keras.ops.matmul(keras.ops.matmul(inputs, self.lora_kernel_a), self.lora_kernel_b)  # (..., d_out)
+                y = linear(inputs, self._kernel, self.bias) + scale * update
+            return self.activation(y)
         fused = _FUSED_ACTIVATIONS.get(self.activation, "other")
         if fused != "other":
             return linear(inputs, self.kernel, self.bias, activation=fused)
