@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from attnkit import kernels
 from attnkit.finetune import data, lora
 
 
@@ -37,7 +38,10 @@ class TokenLoss(keras.losses.Loss):
         # torch's loss, a copy of the (B, L, V) logits and a log-softmax over a strided axis.
         vocabulary = ops.shape(y_pred)[-1]
         logits = ops.reshape(ops.cast(y_pred, "float32"), (-1, vocabulary))  # (B L, V)
-        per_token = ops.sparse_categorical_crossentropy(ops.reshape(ops.where(keep, targets, 0), (-1,)), logits, from_logits=True)
+        ids = ops.reshape(ops.where(keep, targets, 0), (-1,))  # (B L,)
+        per_token = kernels.token_cross_entropy(ids, logits)  # torch: one pass over the logits each way
+        if per_token is None:
+            per_token = ops.sparse_categorical_crossentropy(ids, logits, from_logits=True)
         return ops.reshape(per_token, ops.shape(targets)) * ops.cast(keep, "float32")  # (B, L)
 
 

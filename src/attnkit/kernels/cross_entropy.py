@@ -1,0 +1,80 @@
+"""The per-token cross-entropy of a language model's logits on torch, with its own backward
+(docs/decisions.md item 150).
+
+torch's `cross_entropy` (what Keras's and transformers' losses call) writes the (N, V) log-softmax
+in the forward, and in the backward a zero-filled (N, V) gradient of the picked entries and the
+log-softmax's backward over both: six passes over an (N, V) tensor, 200 MB each for 1024 tokens of a
+49152-word vocabulary. Here the forward reads the logits once for each row's log-sum-exp, and the
+backward writes softmax - one-hot, times the upstream gradient, in one pass: rows are taken a few at a
+time so that each row's intermediate values stay in the cache.
+
+Legend: N tokens, V vocabulary.
+"""
+
+import keras
+
+from attnkit.kernels import onednn, tensor_checks
+
+# rows per pass: 16 rows of a 49152-word vocabulary are 3 MB of float32
+_ROWS = 16
+
+
+def token_cross_entropy(targets, logits):
+    """-log softmax(logits)[targets] per token, (N,), or None where this kernel does not take the inputs.
+
+    Args:
+        targets: (N,) integer class ids in [0, V) (torch raises an index error for others).
+        logits: (N, V) float32 torch tensor.
+
+    Returns:
+        (N,) float32 on torch, for a float32 (N, V) tensor and (N,) integer ids; else None (the
+        caller's `keras.ops` path gives the same numbers). A second derivative is refused.
+    """
+    if keras.backend.backend() != "torch":
+        return None
+    import torch
+
+    logits, targets = tensor_checks.value_of(logits), tensor_checks.value_of(targets)
+    if not (isinstance(logits, torch.Tensor) and isinstance(targets, torch.Tensor)):
+        return None
+    if logits.dtype != torch.float32 or logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        return None
+    if targets.is_floating_point() or targets.is_complex() or torch.compiler.is_compiling():
+        return None
+    return TokenCrossEntropy.apply(logits, targets.long())
+
+
+def _token_cross_entropy_class():
+    import torch
+    from torch.autograd.function import once_differentiable
+
+    class TokenCrossEntropy(torch.autograd.Function):
+        """(N,) log-sum-exp - picked logit; backward (softmax - one-hot) * upstream, row blocks at a time."""
+
+        @staticmethod
+        def forward(ctx, logits, targets):
+            lse = torch.empty(logits.shape[0], dtype=logits.dtype, device=logits.device)  # (N,)
+            for i in range(0, logits.shape[0], _ROWS):
+                torch.logsumexp(logits[i : i + _ROWS], 1, out=lse[i : i + _ROWS])
+            picked = logits.gather(1, targets[:, None]).squeeze(1)  # (N,)
+            ctx.save_for_backward(logits, targets, lse)
+            return lse - picked
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad):
+            logits, targets, lse = ctx.saved_tensors
+            grad = grad.contiguous()  # (N,)
+            grad_logits = torch.empty_like(logits)  # (N, V)
+            for i in range(0, logits.shape[0], _ROWS):
+                block = grad_logits[i : i + _ROWS]
+                torch.sub(logits[i : i + _ROWS], lse[i : i + _ROWS, None], out=block)
+                block.exp_().mul_(grad[i : i + _ROWS, None])  # softmax, times the upstream gradient
+            rows = torch.arange(targets.shape[0], device=targets.device)
+            grad_logits[rows, targets] -= grad  # minus the one-hot
+            return grad_logits, None
+
+    return TokenCrossEntropy
+
+
+TokenCrossEntropy = onednn._LazyFunction(_token_cross_entropy_class)
