@@ -37,7 +37,7 @@ def _reference(x, kernel, bias, a, b, scale, upstream):
 @given(
     lead=st.sampled_from([(1,), (3,), (2, 5), (0,)]), d_in=st.integers(1, 9), d_out=st.integers(1, 9),
     rank=st.integers(1, 4), with_bias=st.booleans(), scale=st.sampled_from([2.0, 0.5, -1.25]),
-    needs=st.sampled_from(["all", "lora", "lora and x"]), seed=st.integers(0, 2**16),
+    needs=st.sampled_from(["all", "lora", "lora and x", "lora, x and bias"]), seed=st.integers(0, 2**16),
 )
 def test_outputs_and_gradients_equal_float64(lead, d_in, d_out, rank, with_bias, scale, needs, seed):
     rng = np.random.default_rng(seed)
@@ -46,8 +46,8 @@ def test_outputs_and_gradients_equal_float64(lead, d_in, d_out, rank, with_bias,
     upstream = rng.standard_normal((*lead, d_out)).astype("float32")
     xt, kt, at, bt = (torch.tensor(v, requires_grad=True) for v in (x, kernel, a, b))
     biast = None if bias is None else torch.tensor(bias, requires_grad=True)
-    if needs != "all":  # LoRA's case: the kernel and bias frozen
-        kt.requires_grad_(False), biast is not None and biast.requires_grad_(False)
+    if needs != "all":  # LoRA's case: the kernel frozen, the bias too unless Dense's own enable_lora left it
+        kt.requires_grad_(False), biast is not None and needs != "lora, x and bias" and biast.requires_grad_(False)
     if needs == "lora":  # the first layer: x is not in the graph
         xt.requires_grad_(False)
     y = kernels.lora_linear(xt, kt, biast, at, bt, scale)
@@ -64,10 +64,12 @@ def test_outputs_and_gradients_equal_float64(lead, d_in, d_out, rank, with_bias,
         np.testing.assert_allclose(xt.grad.numpy(), ref_x, **tol)
     if needs == "all":
         np.testing.assert_allclose(kt.grad.numpy(), ref_k, **tol)
-        if bias is not None:
-            np.testing.assert_allclose(biast.grad.numpy(), ref_bias, **tol)
     else:
         assert kt.grad is None
+    if bias is not None and needs in ("all", "lora, x and bias"):
+        np.testing.assert_allclose(biast.grad.numpy(), ref_bias, **tol)
+    elif bias is not None:
+        assert biast.grad is None
 
 
 @torch_only
@@ -103,6 +105,11 @@ def test_operands_it_leaves_to_keras_ops():
     assert kernels.lora_linear(f32(2, 3), f32(3, 4), None, f32(3, 2), f32(3, 4), 1.0) is None  # rank mismatch
     assert kernels.lora_linear(f32(2, 3), f32(3, 4), f32(5), f32(3, 2), f32(2, 4), 1.0) is None  # bias width
     assert kernels.lora_linear(np.ones((2, 3), "float32"), f32(3, 4), None, f32(3, 2), f32(2, 4), 1.0) is None
+    assert kernels.lora_linear(f32(2, 0), f32(0, 4), None, f32(0, 2), f32(2, 4), 1.0) is None  # no input width
+    assert kernels.lora_linear(f32(2, 3), f32(3, 0), None, f32(3, 2), f32(2, 0), 1.0) is None  # no output width
+    assert kernels.lora_linear(f32(2, 3), f32(3, 4), None, f32(3, 2), f32(2, 4), 0.0) is None  # NaNs in A B kept
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts each product itself
+        assert kernels.lora_linear(f32(2, 3), f32(3, 4), None, f32(3, 2), f32(2, 4), 1.0) is None
 
 
 def test_a_lora_dense_equals_keras_arithmetic(rng):

@@ -32,11 +32,14 @@ def _float64(logits, targets, upstream):
     return lse - z[np.arange(len(targets)), targets], (softmax - onehot) * upstream[:, None].astype(np.float64)
 
 
-@settings(max_examples=30, deadline=None)
-@given(n=st.integers(0, 40), v=st.integers(1, 70), spread=st.sampled_from([1.0, 30.0, 1e4]), seed=st.integers(0, 2**16))
-def test_losses_and_gradients_equal_float64(n, v, spread, seed):
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 40), v=st.integers(1, 70), spread=st.sampled_from([1.0, 30.0, 1e4]),
+    offset=st.sampled_from([0.0, 300.0, -1e4]), seed=st.integers(0, 2**16),
+)
+def test_losses_and_gradients_equal_float64(n, v, spread, offset, seed):
     rng = np.random.default_rng(seed)
-    logits = (rng.standard_normal((n, v)) * spread).astype("float32")
+    logits = (rng.standard_normal((n, v)) * spread + offset).astype("float32")
     targets = rng.integers(0, v, n)
     upstream = rng.standard_normal(n).astype("float32")
     x = torch.tensor(logits, requires_grad=True)
@@ -44,9 +47,9 @@ def test_losses_and_gradients_equal_float64(n, v, spread, seed):
     assert "TokenCrossEntropy" in type(loss.grad_fn).__name__
     loss.backward(torch.tensor(upstream))
     want_loss, want_grad = _float64(logits, targets, upstream)
-    np.testing.assert_allclose(loss.detach().numpy(), want_loss, rtol=1e-5, atol=1e-5 * spread)
-    # float32 rounding of the log-sum-exp (~|logits| eps) shows in softmax - one-hot: torch's own has it too
-    np.testing.assert_allclose(x.grad.numpy(), want_grad, rtol=1e-5, atol=1e-6 * spread)
+    # the rounding scales with the logits' spread within a row, not with their common offset
+    np.testing.assert_allclose(loss.detach().numpy(), want_loss, rtol=1e-5, atol=2e-6 * spread)
+    np.testing.assert_allclose(x.grad.numpy(), want_grad, rtol=1e-5, atol=2e-6)
 
 
 def test_more_rows_than_one_block_and_non_finite_logits_equal_torchs():
@@ -63,11 +66,9 @@ def test_more_rows_than_one_block_and_non_finite_logits_equal_torchs():
     got = kernels.token_cross_entropy(torch.tensor(targets), ours)
     want = F.cross_entropy(theirs, torch.tensor(targets), reduction="none")
     got.backward(upstream), want.backward(upstream)
-    # a +inf logit: inf here (the target's probability is 0), NaN in torch's log-softmax; both loud
-    assert not torch.isfinite(got[11]) and not torch.isfinite(want[11]) and torch.isnan(ours.grad[11]).any()
-    rest = [i for i in range(37) if i != 11]
-    torch.testing.assert_close(got[rest], want[rest], rtol=1e-5, atol=1e-5, equal_nan=True)
-    torch.testing.assert_close(ours.grad[rest], theirs.grad[rest], rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert torch.isnan(got[[5, 9, 11]]).all()  # a row of -inf, a NaN, a +inf: NaN, as torch's
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-6, equal_nan=True)
     assert ours.grad[3, 7] == 0
 
 

@@ -4,9 +4,9 @@
 torch's `cross_entropy` (what Keras's and transformers' losses call) writes the (N, V) log-softmax
 in the forward, and in the backward a zero-filled (N, V) gradient of the picked entries and the
 log-softmax's backward over both: six passes over an (N, V) tensor, 200 MB each for 1024 tokens of a
-49152-word vocabulary. Here the forward reads the logits once for each row's log-sum-exp, and the
-backward writes softmax - one-hot, times the upstream gradient, in one pass: rows are taken a few at a
-time so that each row's intermediate values stay in the cache.
+49152-word vocabulary. Here the forward reads the logits for each row's max and log-sum-exp, and
+the backward writes softmax - one-hot, times the upstream gradient, in one pass: rows are taken a few
+at a time so that each row's intermediate values stay in the cache.
 
 Legend: N tokens, V vocabulary.
 """
@@ -49,27 +49,33 @@ def _token_cross_entropy_class():
     from torch.autograd.function import once_differentiable
 
     class TokenCrossEntropy(torch.autograd.Function):
-        """(N,) log-sum-exp - picked logit; backward (softmax - one-hot) * upstream, row blocks at a time."""
+        """(N,) (max - picked logit) + log sum exp(logits - max); backward (softmax - one-hot) x
+        upstream, a block of rows at a time."""
 
         @staticmethod
         def forward(ctx, logits, targets):
-            lse = torch.empty(logits.shape[0], dtype=logits.dtype, device=logits.device)  # (N,)
+            # Each row's log-sum-exp kept as its max m and s = log sum exp(x - m), never added up:
+            # m + s rounds by |m| eps, which would enter every loss and softmax entry; this way the
+            # rounding scales with x - m, as in torch's log-softmax.
+            peak = logits.amax(1)  # (N,) m
+            spread = torch.empty_like(peak)  # (N,) s
             for i in range(0, logits.shape[0], _ROWS):
-                torch.logsumexp(logits[i : i + _ROWS], 1, out=lse[i : i + _ROWS])
+                shifted = logits[i : i + _ROWS] - peak[i : i + _ROWS, None]  # (rows, V), in the cache
+                torch.log(shifted.exp_().sum(1), out=spread[i : i + _ROWS])
             picked = logits.gather(1, targets[:, None]).squeeze(1)  # (N,)
-            ctx.save_for_backward(logits, targets, lse)
-            return lse - picked
+            ctx.save_for_backward(logits, targets, peak, spread)
+            return (peak - picked) + spread
 
         @staticmethod
         @once_differentiable
         def backward(ctx, grad):
-            logits, targets, lse = ctx.saved_tensors
+            logits, targets, peak, spread = ctx.saved_tensors
             grad = grad.contiguous()  # (N,)
             grad_logits = torch.empty_like(logits)  # (N, V)
             for i in range(0, logits.shape[0], _ROWS):
                 block = grad_logits[i : i + _ROWS]
-                torch.sub(logits[i : i + _ROWS], lse[i : i + _ROWS, None], out=block)
-                block.exp_().mul_(grad[i : i + _ROWS, None])  # softmax, times the upstream gradient
+                torch.sub(logits[i : i + _ROWS], peak[i : i + _ROWS, None], out=block)
+                block.sub_(spread[i : i + _ROWS, None]).exp_().mul_(grad[i : i + _ROWS, None])  # softmax x upstream
             rows = torch.arange(targets.shape[0], device=targets.device)
             grad_logits[rows, targets] -= grad  # minus the one-hot
             return grad_logits, None

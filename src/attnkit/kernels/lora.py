@@ -4,7 +4,8 @@ Written with Keras's ops, the update costs passes over the (M, d_out) output bes
 times (x A) B, its sum with x W + b, and in the backward the scale's product again and the sum of the
 two branches' input gradients. Here s multiplies inside the rank-r products (BLAS's alpha, or an
 (r, M) factor) and both sums accumulate into a GEMM's own output (`addmm_`): the same products in
-PEFT's order, x W + b + ((x A) B) s, and no other pass over an (M, d_out) or (M, d_in) tensor.
+PEFT's order, x W + b + ((x A) B) s, and no other pass over an (M, d_out) or (M, d_in) tensor
+than the copies torch makes of a non-contiguous x or an expanded upstream gradient.
 
 Legend: M rows (x's leading axes together), d_in / d_out the projection's widths, r the rank.
 """
@@ -22,8 +23,9 @@ def lora_linear(x, kernel, bias, a, b, scale):
             tensors or Keras variables. scale: a Python number (LoRA's alpha / r).
 
     Returns:
-        (..., d_out) on torch for tensors of one dtype, float32 or float64, of matching shapes, outside
-        torch.compile; else None (the caller's `keras.ops` path gives the same numbers).
+        (..., d_out) on torch for tensors of one dtype, float32 or float64, of matching non-empty
+        widths, a non-zero scale, outside torch.compile and autocast; else None (the caller's
+        `keras.ops` path gives the same numbers).
     """
     if keras.backend.backend() != "torch":
         return None  # XLA fuses the scale and the sums into the products' loops
@@ -36,10 +38,12 @@ def lora_linear(x, kernel, bias, a, b, scale):
         return None
     if x.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling():
         return None
+    if torch.is_autocast_enabled(x.device.type) or scale == 0:
+        return None  # autocast casts each product itself; a zero scale would skip (x A) B, NaNs too
     if x.dim() < 1 or kernel.dim() != 2 or a.dim() != 2 or b.dim() != 2:
         return None
     d_in, d_out = kernel.shape
-    if x.shape[-1] != d_in or a.shape[0] != d_in or b.shape[1] != d_out or a.shape[1] != b.shape[0]:
+    if d_in == 0 or d_out == 0 or x.shape[-1] != d_in or a.shape[0] != d_in or b.shape[1] != d_out or a.shape[1] != b.shape[0]:
         return None  # the caller's path names the mismatch
     if bias is not None and tuple(bias.shape) != (d_out,):
         return None

@@ -155,7 +155,7 @@ def _onednn_linear_class():
 
 def linear_grads(grad_rows, x_rows, kernel, needs_x=True, needs_kernel=True):
     """The backward products of x kernel: (dX = dY kernel^T (M, d_in), dK = X^T dY (d_in, d_out)), each
-    None where not needed, for grad_rows dY (M, d_out) and x_rows X (M, d_in) contiguous torch tensors.
+    None where not needed, for grad_rows dY (M, d_out) and x_rows X (M, d_in), torch tensors.
 
     Where oneDNN takes them, both are oneDNN linears (dX a linear of dY with `kernel` as its
     (d_in, d_out) weight, dK one of X^T with dY^T as weight); under `create_graph` torch's own
