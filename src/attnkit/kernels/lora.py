@@ -26,6 +26,9 @@ def lora_linear(x, kernel, bias, a, b, scale):
         (..., d_out) on torch for tensors of one dtype, float32 or float64, of matching non-empty
         widths, a non-zero scale, outside torch.compile and autocast; else None (the caller's
         `keras.ops` path gives the same numbers).
+
+    Example (torch):
+    >>> lora_linear(torch.ones(2, 3), torch.ones(3, 4), None, torch.ones(3, 8), torch.zeros(8, 4), 2.0).shape  # (2, 4)
     """
     if keras.backend.backend() != "torch":
         return None  # XLA fuses the scale and the sums into the products' loops
