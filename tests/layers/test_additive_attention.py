@@ -10,7 +10,7 @@ import attnkit
 import reference
 from attnkit._validation import ArgumentTypeError
 from attnkit.layers._keras_mask import keras_mask_of
-from backend_utils import to_numpy, value_and_grads
+from backend_utils import once_per_run, to_numpy, value_and_grads
 from layer_harness import check_config_round_trip
 from layer_checks import assert_same_on_every_backend, numpy_outputs, set_additive_weights
 
@@ -129,6 +129,7 @@ def test_gradients_are_finite_with_an_empty_row(rng):
 # --- every backend ----------------------------------------------------------------------------------
 
 
+@once_per_run  # compares the three backends, from whichever pass runs it
 def test_same_weights_give_same_outputs_on_every_backend():
     assert_same_on_every_backend("AdditiveAttention")
 

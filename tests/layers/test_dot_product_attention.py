@@ -10,7 +10,7 @@ from keras import ops
 import attnkit
 import reference
 from attnkit._validation import ArgumentTypeError
-from backend_utils import to_numpy, value_and_grads
+from backend_utils import once_per_run, to_numpy, value_and_grads
 from layer_harness import check_config_round_trip
 from layer_checks import assert_same_on_every_backend, numpy_outputs
 
@@ -140,6 +140,7 @@ def test_keras_masks_on_the_keys_are_key_padding(rng):
     assert_close(model(ids), reference.attention(e, e, e, keep=padding)[0])
 
 
+@once_per_run  # compares the three backends, from whichever pass runs it
 def test_same_inputs_give_same_outputs_on_every_backend():
     assert_same_on_every_backend("DotProductAttention")
 

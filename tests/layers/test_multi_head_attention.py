@@ -12,7 +12,7 @@ import reference
 from attnkit._validation import ArgumentTypeError
 from attnkit.layers._keras_mask import keras_mask_of
 from attnkit import kernels as _fused
-from backend_utils import BACKEND, to_numpy, value_and_grads
+from backend_utils import BACKEND, once_per_run, to_numpy, value_and_grads
 from layer_harness import check_config_round_trip
 from layer_checks import assert_same_on_every_backend, numpy_outputs, set_mha_weights
 
@@ -223,6 +223,7 @@ def test_equals_torch_multi_head_attention_with_key_padding_mask(rng):
 # --- every backend ----------------------------------------------------------------------------------
 
 
+@once_per_run  # compares the three backends, from whichever pass runs it
 def test_same_weights_give_same_outputs_on_every_backend():
     assert_same_on_every_backend("MultiHeadAttention")
 

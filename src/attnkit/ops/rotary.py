@@ -69,6 +69,14 @@ def rotary_cos_sin(positions, d, theta=10000.0, dtype="float32"):
     Returns:
         (cos, sin), each (B, 1, T, d) (or (1, 1, T, d)), the d/2 angles repeated for both halves.
     """
+    if isinstance(positions, np.ndarray) and positions.ndim in (1, 2):
+        # Host positions (a cached call's): the angles on the host, one tensor and two backend ops
+        # instead of eight dispatches a decoding step (docs/decisions.md item 151). The float32
+        # products round as the backend's do, so cos and sin are bit for bit the same.
+        angles = positions.astype(dtype).reshape((-1, positions.shape[-1], 1))  # (B or 1, T, 1)
+        angles = angles * inverse_frequencies(d, theta, dtype)  # (B, T, d/2)
+        angles = ops.convert_to_tensor(np.concatenate([angles, angles], axis=-1)[:, None])  # (B, 1, T, d)
+        return ops.cos(angles), ops.sin(angles)
     inv_freq = ops.convert_to_tensor(inverse_frequencies(d, theta, dtype))  # (d/2,)
     positions = ops.cast(ops.convert_to_tensor(positions), dtype)
     if len(positions.shape) == 1:
