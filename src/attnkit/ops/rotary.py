@@ -73,7 +73,8 @@ def rotary_cos_sin(positions, d, theta=10000.0, dtype="float32"):
         # Host positions (a cached call's): the angles on the host, one tensor and two backend ops
         # instead of eight dispatches a decoding step (docs/decisions.md item 151). The float32
         # products round as the backend's do, so cos and sin are bit for bit the same.
-        angles = positions.astype(dtype).reshape((-1, positions.shape[-1], 1))  # (B or 1, T, 1)
+        rows = 1 if positions.ndim == 1 else positions.shape[0]  # explicit: T or B may be 0
+        angles = positions.astype(dtype).reshape((rows, positions.shape[-1], 1))  # (B or 1, T, 1)
         angles = angles * inverse_frequencies(d, theta, dtype)  # (B, T, d/2)
         angles = ops.convert_to_tensor(np.concatenate([angles, angles], axis=-1)[:, None])  # (B, 1, T, d)
         return ops.cos(angles), ops.sin(angles)
