@@ -32,14 +32,14 @@ def test_rotary_matches_reference(rng, theta):
 @settings(max_examples=40, deadline=None)
 @given(
     batch=st.integers(0, 3), length=st.integers(0, 6), half=st.integers(1, 8), two_d=st.booleans(),
-    largest=st.sampled_from([10, 5000, 2**24 + 3, 2**31 - 1]), theta=st.sampled_from([10000.0, 1e6]), seed=st.integers(0, 2**31 - 1),
+    largest=st.sampled_from([10, 5000, 2**24 + 3, 2**31 - 1]), theta=st.sampled_from([10000.0, 1e6]), seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from(["float32", "float64"]),
 )
-def test_host_positions_give_the_tensor_positions_angles_bit_for_bit(batch, length, half, two_d, largest, theta, seed):
+def test_host_positions_give_the_tensor_positions_angles_bit_for_bit(batch, length, half, two_d, largest, theta, seed, dtype):
     # A cached call passes NumPy positions, whose angles are taken on the host (item 151): they must be
     # the backend's own, to the bit, including positions past float32's exact integers.
     positions = np.random.default_rng(seed).integers(0, largest, (batch, length) if two_d else (length,))
-    host = rotary_cos_sin(positions, 2 * half, theta)
-    tensor = rotary_cos_sin(ops.convert_to_tensor(positions), 2 * half, theta)
+    host = rotary_cos_sin(positions, 2 * half, theta, dtype)
+    tensor = rotary_cos_sin(ops.convert_to_tensor(positions), 2 * half, theta, dtype)
     for a, b in zip(host, tensor):
         assert tuple(a.shape) == tuple(b.shape) == ((batch if two_d else 1), 1, length, 2 * half)
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))

@@ -69,10 +69,11 @@ def rotary_cos_sin(positions, d, theta=10000.0, dtype="float32"):
     Returns:
         (cos, sin), each (B, 1, T, d) (or (1, 1, T, d)), the d/2 angles repeated for both halves.
     """
-    if isinstance(positions, np.ndarray) and positions.ndim in (1, 2):
+    if isinstance(positions, np.ndarray) and positions.ndim in (1, 2) and dtype == "float32":
         # Host positions (a cached call's): the angles on the host, one tensor and two backend ops
         # instead of eight dispatches a decoding step (docs/decisions.md item 151). The float32
-        # products round as the backend's do, so cos and sin are bit for bit the same.
+        # products round as the backend's do, so cos and sin are bit for bit the same. (Not for
+        # other dtypes: jax without x64 would round a float64 product a second time to float32.)
         rows = 1 if positions.ndim == 1 else positions.shape[0]  # explicit: T or B may be 0
         angles = positions.astype(dtype).reshape((rows, positions.shape[-1], 1))  # (B or 1, T, 1)
         angles = angles * inverse_frequencies(d, theta, dtype)  # (B, T, d/2)
