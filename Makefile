@@ -35,11 +35,6 @@ test: install-dev
 
 bench: install-dev
 	$(PY) benchmarks/run.py
-	$(PY) benchmarks/distributed.py
-	$(PY) benchmarks/lm_generation.py
-	$(PY) benchmarks/serve.py
-	$(PY) benchmarks/finetune.py
-	$(PY) benchmarks/quantized.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 sys.path.insert(0, HERE)
 
-from timing import markdown_table  # noqa: E402
+from timing import markdown_table, print_rows  # noqa: E402
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+): loss \S+; ([0-9.]+) s, ([0-9.]+) samples/s$")
 FULL = ["--epochs", "3", "--train-size", "4096", "--validation-size", "64", "--batch-size", "128"]
@@ -59,10 +59,16 @@ def expected_speedup(t1, t2, processes):
     return t1 / (t1 / processes + 2 * allreduce * (processes - 1) / processes), allreduce
 
 
-def rows_for(backend, settings, scratch):
+def rows_for(backend, settings, scratch, bench_rows):
+    """The table's row for `backend`; appends `make bench`'s row (2 processes against 1) to `bench_rows`."""
     (t1, rate1), (t2, rate2) = (measure(backend, p, settings, os.path.join(scratch, f"{backend}-{p}")) for p in (1, 2))
     speedups = [expected_speedup(t1, t2, p)[0] for p in SCALING]
     allreduce = expected_speedup(t1, t2, 2)[1]
+    batch = settings[settings.index("--batch-size") + 1]
+    bench_rows.append(dict(
+        workload=f"attnkit train --processes 2, global batch {batch} (per step)", backend=backend, dtype="float32",
+        attnkit_s=t2, anchor="1 process", anchor_s=t1, rate=f"{rate2:.0f} samples/s", gflop=None,
+        note=f"all-reduce {allreduce * 1e3:.1f} ms a step (derived); expected speed-up on 2 cores {speedups[0]:.2f}x"))
     return [backend, f"{rate1:.0f}", f"{rate2:.0f}", f"{t1 * 1e3:.1f}", f"{t2 * 1e3:.1f}", f"{allreduce * 1e3:.1f}",
             *(f"{s:.2f}x" for s in speedups)]
 
@@ -73,19 +79,24 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model and 4 steps: checks that it runs, not a timing")
     parser.add_argument("--backends", default="torch,jax,tensorflow")
+    parser.add_argument("--rows", action="store_true", help="print the rows of `make bench`'s table (run.py) as JSON")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     header = ["backend", "1 proc samples/s", "2 proc samples/s", "t1 step ms", "t2 step ms", "all-reduce ms (derived)",
               *(f"expected {p} cores" for p in SCALING)]
-    rows = []
+    rows, bench_rows = [], []
     with tempfile.TemporaryDirectory() as scratch:
         for backend in args.backends.split(","):
             try:
-                rows.append(rows_for(backend, settings, scratch))
+                rows.append(rows_for(backend, settings, scratch, bench_rows))
             except RuntimeError as e:
                 rows.append([f"{backend} failed: {e}"] + [""] * (len(header) - 1))
+                bench_rows.append(dict(workload=f"(attnkit train --processes 2: failed: {e})", backend=backend, dtype="",
+                                       attnkit_s=None, anchor="", anchor_s=None, gflop=None, note=""))
     print(("Quick settings (a smoke run, not a timing): " if args.quick else "Settings: ") + " ".join(settings))
     print(markdown_table(header, rows))
+    if args.rows:
+        print_rows(bench_rows)
     return 0
 
 

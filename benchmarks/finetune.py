@@ -42,12 +42,14 @@ def main():
     parser.add_argument("--backend", default="torch", choices=["torch", "jax", "tensorflow"])
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", action="store_true", help="print the rows of `make bench`'s table (run.py) as JSON")
     args = parser.parse_args()
     os.environ["KERAS_BACKEND"] = args.backend
     import keras
     import numpy as np
     import torch
     import transformers
+    from timing import print_rows
 
     from attnkit.finetune import lora, training
     from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
@@ -72,6 +74,7 @@ def main():
     print(f"LoRA fine-tuning, batch {batch} x {length} tokens, rank 8, backend {args.backend}, torch threads {torch.get_num_threads()}")
     print("| dtype | attnkit tokens/s | PEFT + transformers tokens/s | ratio |")
     print("|---|---|---|---|")
+    rows = []
     for dtype in args.dtype:
         lm = load_causal_lm(path, dtype=dtype)
         ids = np.random.default_rng(0).integers(0, lm.model.vocab_size, (batch, length + 1)).astype("int32")
@@ -95,6 +98,13 @@ def main():
         row = f"| {dtype} | {tokens / ours:.0f} | "
         row += f"{tokens / theirs:.0f} | {theirs / ours:.2f}x |" if theirs else "(peft not installed) | |"
         print(row, flush=True)
+        rows.append(dict(
+            workload=f"LoRA fine-tuning step, SmolLM2, {batch} x {length} tokens, rank 8", backend=args.backend,
+            dtype=dtype, attnkit_s=ours, anchor="PEFT + transformers", anchor_s=theirs,
+            anchor_missing="peft not installed", gflop=None, note=f"attnkit {tokens / ours:.0f} tokens/s",
+            goal=1.1 if args.backend == "torch" else None))
+    if args.rows:
+        print_rows(rows)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ def main():
     parser.add_argument("--backend", default="torch", choices=["torch", "jax", "tensorflow"])
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--batch", nargs="+", type=int, help="batch sizes (default 1 8)")
+    parser.add_argument("--rows", action="store_true", help="print the rows of `make bench`'s table (run.py) as JSON")
     args = parser.parse_args()
     os.environ["KERAS_BACKEND"] = args.backend
     import numpy as np
     import torch
     import transformers
-    from timing import interleaved_medians, markdown_table
+    from timing import interleaved_medians, markdown_table, print_rows
 
     from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
 
@@ -50,7 +51,7 @@ def main():
     from peak import cpu_description, matmul_peaks
 
     peaks, _ = matmul_peaks(2 if args.quick else 3)  # per dtype, the fastest engine's matmul (peak.py)
-    rows = []
+    rows, bench_rows = [], []
     batches = tuple(args.batch or batches)
     for dtype in args.dtype:
         lm = load_causal_lm(path, dtype=dtype)
@@ -76,10 +77,17 @@ def main():
                 args.backend, dtype, batch, f"{tokens / times['attnkit']:.1f}", f"{tokens / times['transformers']:.1f}",
                 f"{times['transformers'] / times['attnkit']:.2f}x", f"{first * 1e3:.0f} ms", f"{prefill_gflops / peaks[dtype]:.0%}",
             ])
+            bench_rows.append(dict(
+                workload=f"Cached greedy generation, batch {batch}, {prompt_len} + {new} tokens (per new token)",
+                backend=args.backend, dtype=dtype, attnkit_s=times["attnkit"] / tokens, anchor="transformers generate",
+                anchor_s=times["transformers"] / tokens, rate=f"{tokens / times['attnkit']:.1f} tok/s", gflop=None,
+                note=f"time to first token {first * 1e3:.0f} ms, prefill at {prefill_gflops / peaks[dtype]:.0%} of peak"))
     print(f"{cpu_description()}; load average {os.getloadavg()[0]:.1f}; matmul peak float32 "
           f"{peaks['float32']:.0f}, bfloat16 {peaks['bfloat16']:.0f} GFLOP/s")
     print(markdown_table(["backend", "dtype", "batch", "attnkit tok/s", "transformers tok/s", "ratio",
                           "time to first token", "prefill / peak"], rows))
+    if args.rows:
+        print_rows(bench_rows)
 
 
 if __name__ == "__main__":

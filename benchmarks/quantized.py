@@ -182,12 +182,13 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new", type=int, default=32, help="new tokens a generation")
+    parser.add_argument("--rows", action="store_true", help="print the rows of `make bench`'s table (run.py) as JSON")
     args = parser.parse_args()
     os.environ["KERAS_BACKEND"] = args.backend
     import numpy as np
     import torch
     from peak import cpu_description
-    from timing import markdown_table
+    from timing import markdown_table, print_rows
 
     from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
 
@@ -200,9 +201,10 @@ def main():
         path = default_causal_lm_path()
     batches = tuple(args.batch or batches)
     bytes_per_second = bandwidth(args.threads, 16 if args.quick else 256)
-    rows = []
+    rows, measured = [], []
 
     def row(engine, dtype, batch, weight_bytes, first, step):
+        measured.append((engine, dtype, batch, weight_bytes, first, step))
         ceiling = batch * bytes_per_second / weight_bytes if weight_bytes else float("nan")
         rows.append([engine, dtype, batch, f"{batch / step:.1f}", f"{batch * prompt_len / first:.0f}", f"{first * 1e3:.0f} ms",
                      f"{weight_bytes / 1e6:.1f} MB" if weight_bytes else "-", f"{batch / step / ceiling:.0%}" if weight_bytes else "-"])
@@ -220,14 +222,16 @@ def main():
     file_bytes = os.path.getsize(path)
     # CTranslate2 is timed in its own rounds after the others, then freed: loaded beside attnkit, its
     # idle threads took the cores (attnkit's batch-1 decoding measured 22-31 tokens/s against 85)
-    alone = []
+    alone, skipped = [], {}  # skipped: engine -> why its rows are absent
     for engine, dtype, make in (("llama.cpp", "file's blocks", llama_cpp_generate), ("CTranslate2", "int8", ctranslate2_generate)):
         try:
             generate = make(path, args.threads)
         except Exception as error:  # an anchor that fails to load is reported, not fatal
+            skipped[engine] = f"failed to load ({type(error).__name__}: {error})"
             print(f"{engine}: skipped ({type(error).__name__}: {error})")
             continue
         if generate is None:
+            skipped[engine] = "not installed"
             print(f"{engine}: not installed, skipped")
             continue
         prompts = np.random.default_rng(0).integers(3, 250, (1, prompt_len)).tolist()
@@ -247,6 +251,38 @@ def main():
           f"{'yes' if bfloat16_products() else 'no (bfloat16 runs as float32 products)'}")
     print(markdown_table(["engine", "dtype", "batch", "decode tok/s", "prefill tok/s", "first token", "weights",
                           "decode / ceiling"], rows))
+    if args.rows:
+        print_rows(bench_rows(measured, skipped, args.backend, prompt_len, bytes_per_second))
+
+
+def bench_rows(measured, skipped, backend, prompt_len, bytes_per_second):
+    """`make bench`'s rows from `measured` [(engine, dtype, batch, bytes a step reads, first-token
+    seconds, seconds a decoding step)]: per attnkit case a decoding row (seconds per token against
+    llama.cpp's on the same file, or CTranslate2's for int8; its fraction of the bandwidth ceiling)
+    and a prefill row (time to the first token against llama.cpp's). The anchors decode one sequence
+    at a time: a batch-8 row compares tokens/s against their batch 1. The goals (issue 41) are
+    torch's at batch 1. `skipped`: anchor -> why it did not run."""
+    anchors = {engine: (first, step) for engine, _, _, _, first, step in measured if not engine.startswith("attnkit")}
+    out = []
+    for engine, dtype, batch, weight_bytes, first, step in measured:
+        if not engine.startswith("attnkit"):
+            continue
+        anchor = "CTranslate2" if dtype.startswith("int8") and "CTranslate2" in anchors else "llama.cpp"
+        fraction = batch / step / (batch * bytes_per_second / weight_bytes)
+        goals = backend == "torch" and batch == 1
+        absent = skipped.get(anchor, "not run") if anchor not in anchors else None
+        out.append(dict(
+            workload=f"Decoding SmolLM2, batch {batch} (per token)", backend=backend, dtype=dtype,
+            attnkit_s=step / batch, anchor=anchor, anchor_s=anchors[anchor][1] if anchor in anchors else None,
+            anchor_missing=absent, rate=f"{batch / step:.1f} tok/s ({fraction:.0%} of ceiling)", rate_fraction=fraction,
+            gflop=None, note=f"{weight_bytes / 1e6:.1f} MB a step", peak_goal=0.7 if goals else None,
+            goal=1.0 if goals and (dtype.startswith("gguf") or anchor == "CTranslate2") else None))
+        out.append(dict(
+            workload=f"Prefill, {prompt_len} tokens x batch {batch} (time to first token)", backend=backend, dtype=dtype,
+            attnkit_s=first, anchor="llama.cpp", anchor_s=anchors["llama.cpp"][0] if "llama.cpp" in anchors and batch == 1 else None,
+            anchor_missing=skipped.get("llama.cpp", "not run") if "llama.cpp" not in anchors else "batch 1 only", rate=f"{batch * prompt_len / first:.0f} tok/s", gflop=None, note="",
+            goal=1.5 if goals and dtype.startswith("gguf") else None))
+    return out
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ as a fraction of the machine's peak: per dtype, the fastest 2048^3 matmul of tor
 tensorflow and numpy, timed in this run before and after the rows (`peak.py`). The torch rows run
 here; the jax and tensorflow rows run in child processes with KERAS_BACKEND set (`--child`), which
 print their rows as JSON. The long-sequence rows run one process per case so that each peak memory
-is its own.
+is its own. The language-model workloads (generation against transformers, quantized decoding against
+llama.cpp and CTranslate2, the server against llama.cpp's, LoRA fine-tuning against PEFT, multi-process
+training against one process) come from their own scripts, each run as a child that prints its rows
+(`timing.print_rows`); their rate column is tokens/s, and for decoding its fraction of the memory
+bandwidth ceiling. An anchor that is not installed leaves its cell saying so.
 """
 
 import argparse
@@ -18,12 +22,46 @@ import statistics
 import subprocess
 import sys
 
+from timing import ROWS_PREFIX
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 LONG_T = 16384
 # workloads.WORKLOADS, run in every backend, then the T=LONG_T rows, one process per case (run.py
 # imports workloads only after choosing the backend).
 WORKLOAD_NAMES = ("mha", "encoder-float32", "encoder-bfloat16", "training-step", "embeddings", "embeddings-bfloat16",
-                  "encoder-families", "long-attention", "demo-time-to-99")
+                  "encoder-families", "long-attention", "demo-time-to-99", "lm-generation", "quantized", "finetune",
+                  "serve", "distributed")
+# The workloads of a script of their own (a model loaded per process, servers, processes), each run in
+# a child process that prints its rows (`timing.print_rows`): name -> (script, arguments per backend,
+# or None: one run for all backends, given --backends).
+SCRIPTS = {
+    "lm-generation": ("lm_generation.py", lambda b: ["--backend", b]),
+    # on jax and tensorflow three dtypes: each dtype compiles its own programs
+    "quantized": ("quantized.py", lambda b: ["--backend", b] + ([] if b == "torch" else ["--dtype", "float32", "int8", "gguf"])),
+    "finetune": ("finetune.py", lambda b: ["--backend", b]),
+    "serve": ("serve.py", lambda b: [] if b == "torch" else None),  # the torch server: its engine batches on torch
+    "distributed": ("distributed.py", None),
+}
+
+
+def script_rows(name, backends, quick):
+    """The rows of SCRIPTS[name] for `backends`, each run a child process; a run that fails is a row
+    that says so."""
+    script, per_backend = SCRIPTS[name]
+    runs = [(",".join(backends), ["--backends", ",".join(backends)])] if per_backend is None else [
+        (b, per_backend(b)) for b in backends if per_backend(b) is not None]
+    rows = []
+    for backend, arguments in runs:
+        command = [sys.executable, os.path.join(HERE, script), "--rows", *(["--quick"] if quick else []), *arguments]
+        env = {**os.environ, "KERAS_BACKEND": backend.split(",")[0]}
+        out = subprocess.run(command, capture_output=True, text=True, env=env)
+        found = [line for line in out.stdout.splitlines() if line.startswith(ROWS_PREFIX)]
+        if out.returncode != 0 or not found:
+            tail = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+            rows.append(failure_row(f"{script}", backend, tail))
+            continue
+        rows += json.loads(found[-1][len(ROWS_PREFIX):])
+    return rows
 
 
 def long_sequence_rows(rounds, backends):
@@ -98,9 +136,11 @@ def goal_cell(r, ratio, fraction):
     """'>= 1.10x met', '>= 1.10x MISSED', with the fraction-of-peak goal where the row has one."""
     parts = []
     if r.get("goal") is not None:
-        parts.append(f">= {r['goal']:.2f}x {'met' if ratio >= r['goal'] else 'MISSED'}")
+        verdict = "not measured (no anchor)" if ratio is None else "met" if ratio >= r["goal"] else "MISSED"
+        parts.append(f">= {r['goal']:.2f}x {verdict}")
     if r.get("peak_goal") is not None and fraction is not None:
-        parts.append(f">= {r['peak_goal']:.0%} of peak {'met' if fraction >= r['peak_goal'] else 'MISSED'}")
+        of = "ceiling" if r.get("rate") is not None else "peak"
+        parts.append(f">= {r['peak_goal']:.0%} of {of} {'met' if fraction >= r['peak_goal'] else 'MISSED'}")
     return "; ".join(parts)
 
 
@@ -114,18 +154,21 @@ def table(rows, peaks):
             lines.append([r["workload"], r["backend"], "", "", "", "", "", "", "", r["note"]])
             continue
         peak = peaks["bfloat16" if r["dtype"] == "bfloat16" else "float32"]
-        fraction = None if r["gflop"] is None else r["gflop"] / ours / peak
-        achieved = "" if fraction is None else f"{r['gflop'] / ours:.0f} ({fraction:.0%})"
-        if theirs is None:  # the anchor never finished (the demo row's plain loop short of 99%)
-            lines.append([r["workload"], r["backend"], r["dtype"], f"{ours * 1e3:.1f}", r["anchor"], "never", "",
-                          achieved, "", r["note"]])
+        if r.get("rate") is not None:  # a rate of its own (tokens/s against a bandwidth ceiling)
+            fraction, achieved = r.get("rate_fraction"), r["rate"]
+        else:
+            fraction = None if r.get("gflop") is None else r["gflop"] / ours / peak
+            achieved = "" if fraction is None else f"{r['gflop'] / ours:.0f} ({fraction:.0%})"
+        if theirs is None:  # the anchor did not run, or never finished (the demo row's plain loop short of 99%)
+            lines.append([r["workload"], r["backend"], r["dtype"], f"{ours * 1e3:.1f}", r["anchor"],
+                          r.get("anchor_missing", "never"), "", achieved, goal_cell(r, None, fraction), r["note"]])
             continue
         lines.append([
             r["workload"], r["backend"], r["dtype"], f"{ours * 1e3:.1f}", r["anchor"], f"{theirs * 1e3:.1f}",
             f"**{theirs / ours:.2f}x**", achieved, goal_cell(r, theirs / ours, fraction), r["note"],
         ])
     header = ["workload", "backend", "dtype", "attnkit ms", "anchor", "anchor ms", "anchor/attnkit",
-              "attnkit GFLOP/s (of peak)", "goal", "note"]
+              "attnkit GFLOP/s or rate (of peak or ceiling)", "goal", "note"]
     return markdown_table(header, lines)
 
 
@@ -141,13 +184,14 @@ def main():
     sys.path.insert(0, HERE)
     rounds = args.rounds or (1 if args.quick else 3)
     names = [n for n in args.workloads.split(",") if n]
+    in_process = [n for n in names if n != "long-attention" and n not in SCRIPTS]
     unknown = sorted(set(names) - set(WORKLOAD_NAMES))
     if unknown:
         parser.error(f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOAD_NAMES)}")
     if args.child:
         import workloads
 
-        print(json.dumps(workloads.all_rows(rounds, [n for n in names if n != "long-attention"])))
+        print(json.dumps(workloads.all_rows(rounds, in_process)))
         return
 
     os.environ["KERAS_BACKEND"] = "torch"
@@ -159,12 +203,15 @@ def main():
 
     load_before = os.getloadavg()
     peaks, by_engine = matmul_peaks(2 if args.quick else 3)
-    rows = workloads.all_rows(rounds, [n for n in names if n != "long-attention"]) if "torch" in backends else []
+    rows = workloads.all_rows(rounds, in_process) if "torch" in backends else []
     for backend in backends:
-        if backend != "torch":
-            rows += child_rows(backend, rounds, args.workloads)
+        if backend != "torch" and in_process:
+            rows += child_rows(backend, rounds, ",".join(in_process))
     if "long-attention" in names:
         rows += long_sequence_rows(1 if args.quick else 2, backends)
+    for name in names:
+        if name in SCRIPTS:
+            rows += script_rows(name, backends, args.quick)
     later_peaks, later_by_engine = matmul_peaks(2 if args.quick else 3)
     peaks = {dtype: max(peaks[dtype], later_peaks[dtype]) for dtype in peaks}  # the machine's peak
     for dtype, engines in by_engine.items():  # each engine's best of the two measurements

@@ -127,6 +127,7 @@ def main():
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--rows", action="store_true", help="print the rows of `make bench`'s table (run.py) as JSON")
     args = parser.parse_args()
     from attnkit.pipelines.causal_checkpoint import default_causal_lm_path
 
@@ -154,11 +155,36 @@ def main():
           f"greedy; backend {keras.backend.backend()}, {os.cpu_count()} CPUs (a shared machine: timings vary)")
     print("| server | clients | tokens/s | vs 1 client | TTFT median ms | TTFT p90 ms |")
     print("|---|---|---|---|---|---|")
-    for line in table("attnkit", attnkit_rows(path, clients, per_client, max_tokens, args.max_batch)):
+    ours = attnkit_rows(path, clients, per_client, max_tokens, args.max_batch)
+    for line in table("attnkit", ours):
         print(line, flush=True)
+    theirs = "no GGUF file (--quick)"
     if gguf is not None:
-        rows = llama_cpp_rows(gguf, clients, per_client, max_tokens)
-        print("\n".join(table("llama.cpp", rows)) if isinstance(rows, list) else rows)
+        theirs = llama_cpp_rows(gguf, clients, per_client, max_tokens)
+        print("\n".join(table("llama.cpp", theirs)) if isinstance(theirs, list) else theirs)
+    if args.rows:
+        from timing import print_rows
+
+        print_rows(bench_rows(ours, theirs, keras.backend.backend(), max_tokens))
+
+
+def bench_rows(ours, theirs, backend, max_tokens):
+    """`make bench`'s rows: per number of clients, seconds per streamed token over all of them
+    (attnkit's and llama.cpp's server), with the median time to the first token. `theirs` is
+    llama.cpp's [(clients, tokens/s, first-token seconds)] or the reason it did not run."""
+    anchors = {n: (rate, firsts) for n, rate, firsts in theirs} if isinstance(theirs, list) else {}
+    out = []
+    for n, rate, firsts in ours:
+        anchor = anchors.get(n)
+        note = f"TTFT median {statistics.median(firsts) * 1e3:.0f} ms"
+        if anchor:
+            note += f" (llama.cpp {statistics.median(anchor[1]) * 1e3:.0f} ms)"
+        out.append(dict(
+            workload=f"attnkit serve, {n} streaming clients, {max_tokens} tokens each (per token)", backend=backend,
+            dtype="float32", attnkit_s=1 / rate, anchor="llama.cpp server", anchor_s=1 / anchor[0] if anchor else None,
+            anchor_missing=theirs if isinstance(theirs, str) else "not run", rate=f"{rate:.1f} tok/s", gflop=None,
+            note=note))
+    return out
 
 
 if __name__ == "__main__":

@@ -1,7 +1,21 @@
-"""Timing helpers for the benchmarks: medians of repeated runs, and a Markdown table."""
+"""Timing helpers for the benchmarks: medians of repeated runs, a Markdown table, and the rows a
+script hands to `make bench`'s one table (`print_rows`)."""
 
+import json
 import statistics
 import time
+
+ROWS_PREFIX = "ROWS "
+
+
+def print_rows(rows):
+    """Prints `rows` for run.py's table as one last line, ROWS_PREFIX + JSON. A row is a dict:
+    workload, backend, dtype; attnkit_s and anchor_s, seconds of the same unit of work (None: that
+    side did not run, `anchor_missing` says why in the anchor's cell); anchor, its name; gflop (the
+    work's GFLOP, for the fraction of the matmul peak) or rate (a text such as "57 tok/s (42% of
+    ceiling)") with rate_fraction; note; and the goals: goal (anchor / attnkit at least), peak_goal
+    (rate_fraction or the fraction of peak at least)."""
+    print(ROWS_PREFIX + json.dumps(rows), flush=True)
 
 
 def median_seconds(fn, *, warmup=3, repeats=15, min_time=0.0):

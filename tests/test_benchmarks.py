@@ -149,3 +149,55 @@ def test_the_cpu_line_names_the_gemm_flags():
     line = peak.cpu_description()
     assert "avx512_bf16" in line and "amx_bf16" in line  # each flag is listed as present or absent
     assert ("has " in line and "lacks " in line) or "flags unknown" in line
+
+
+def test_rate_rows_report_their_ceiling_and_a_missing_anchor_says_why():
+    rows = [
+        dict(workload="Decoding", backend="torch", dtype="gguf", attnkit_s=0.02, anchor="llama.cpp", anchor_s=0.01,
+             rate="50.0 tok/s (40% of ceiling)", rate_fraction=0.4, gflop=None, note="", goal=1.0, peak_goal=0.7),
+        dict(workload="Prefill", backend="torch", dtype="gguf", attnkit_s=0.1, anchor="llama.cpp", anchor_s=None,
+             anchor_missing="not installed", rate="1280 tok/s", gflop=None, note="", goal=1.5),
+    ]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in run.table(rows, {"float32": 1.0, "bfloat16": 1.0}).splitlines()[2:]]
+    assert cells[0][3:9] == ["20.0", "llama.cpp", "10.0", "**0.50x**", "50.0 tok/s (40% of ceiling)",
+                             ">= 1.00x MISSED; >= 70% of ceiling MISSED"]
+    assert cells[1][5:9] == ["not installed", "", "1280 tok/s", ">= 1.50x not measured (no anchor)"]
+
+
+def test_a_scripts_rows_come_from_its_last_rows_line_and_a_failed_script_is_a_row(monkeypatch):
+    from timing import ROWS_PREFIX
+
+    runs = []
+
+    def fake_run(command, capture_output, text, env):
+        runs.append((command, env["KERAS_BACKEND"]))
+        if "--backend" in command and command[command.index("--backend") + 1] == "jax":
+            return subprocess.CompletedProcess(command, 1, "", "Traceback ...\nRuntimeError: no jax here\n")
+        row = dict(workload="w", backend=env["KERAS_BACKEND"], dtype="float32", attnkit_s=1.0, anchor="a", anchor_s=2.0)
+        return subprocess.CompletedProcess(command, 0, f"a table\n{ROWS_PREFIX}[]\n{ROWS_PREFIX}{json.dumps([row])}\n", "")
+
+    monkeypatch.setattr(run.subprocess, "run", fake_run)
+    rows = run.script_rows("finetune", ["torch", "jax"], quick=True)
+    assert [c[-2:] for c, _ in runs] == [["--backend", "torch"], ["--backend", "jax"]]
+    assert all("--rows" in c and "--quick" in c for c, _ in runs) and [b for _, b in runs] == ["torch", "jax"]
+    assert rows[0]["backend"] == "torch" and rows[0]["anchor_s"] == 2.0  # the last ROWS line
+    assert rows[1]["attnkit_s"] is None and rows[1]["workload"] == "(finetune.py: failed: RuntimeError: no jax here)"
+    runs.clear()
+    run.script_rows("serve", ["torch", "jax"], quick=False)  # the server runs on torch only
+    assert len(runs) == 1 and "--quick" not in runs[0][0]
+
+
+def test_quantized_rows_pair_each_dtype_with_its_anchor_and_ceiling():
+    import quantized
+
+    measured = [("attnkit torch", "gguf", 1, 100e6, 0.2, 0.010), ("attnkit torch", "int8", 8, 150e6, 0.9, 0.040),
+                ("llama.cpp", "file's blocks", 1, 100e6, 0.4, 0.012), ("CTranslate2", "int8", 1, 0, 0.1, 0.02)]
+    rows = quantized.bench_rows(measured, {}, "torch", 128, 20e9)
+    decode, prefill, decode8, prefill8 = rows
+    assert (decode["anchor"], decode["anchor_s"], decode["goal"], decode["peak_goal"]) == ("llama.cpp", 0.012, 1.0, 0.7)
+    assert decode["rate_fraction"] == pytest.approx(100e6 / (0.010 * 20e9))  # bytes a token over bandwidth x time
+    assert (prefill["anchor_s"], prefill["goal"]) == (0.4, 1.5)
+    assert (decode8["anchor"], decode8["anchor_s"], decode8["attnkit_s"], decode8["goal"]) == ("CTranslate2", 0.02, 0.005, None)
+    assert prefill8["anchor_s"] is None and prefill8["anchor_missing"] == "batch 1 only"
+    alone = quantized.bench_rows(measured[:1], {"llama.cpp": "not installed"}, "torch", 128, 20e9)
+    assert alone[0]["anchor_s"] is None and alone[0]["anchor_missing"] == "not installed"
