@@ -6,7 +6,7 @@ CPU, in float32 and dynamic int8 (attnkit's `dtype="int8"`; ONNX Runtime: an exp
 sentence-transformers' transformer made at bench time, and its `quantize_dynamic`); sentences/s is the number of sentences over the median wall time of whole `encode` calls. The
 Keras backend is attnkit's default unless KERAS_BACKEND is set.
 
-    python benchmarks/embeddings.py [--sentences 512] [--batch-size 64] [--repeats 3]
+    python benchmarks/embeddings.py [--sentences 512] [--batch-size 64] [--repeats 3] [--quick]
 """
 
 import argparse
@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
-from timing import markdown_table, median_seconds  # noqa: E402
+from timing import markdown_table, median_seconds, print_rows  # noqa: E402
 
 import attnkit  # noqa: E402  (chooses the Keras backend)
 import keras  # noqa: E402
@@ -45,7 +45,11 @@ def main():
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="64 sentences, one run (checks that it runs)")
+    parser.add_argument("--rows", action="store_true", help="print the rows of `make bench`'s table (run.py) as JSON")
     args = parser.parse_args()
+    if args.quick:
+        args.sentences, args.repeats = 64, 1
 
     import torch
     from sentence_transformers import SentenceTransformer
@@ -90,6 +94,13 @@ def main():
         ort = onnx[dtype](texts[:64])
         print(line + f", ONNX Runtime's {_cosine(ort, exact).min():.4f}; attnkit is "
               f"{seconds[f'ONNX Runtime {dtype}'] / seconds[f'attnkit {dtype}']:.2f}x ONNX Runtime's speed")
+    if args.rows:
+        print_rows([dict(
+            workload=f"Sentence embeddings, all-MiniLM-L6-v2, {n} sentences, batch {args.batch_size}",
+            backend=keras.backend.backend(), dtype=dtype, attnkit_s=seconds[f"attnkit {dtype}"], anchor=f"ONNX Runtime {dtype}",
+            anchor_s=seconds.get(f"ONNX Runtime {dtype}"), anchor_missing="onnxruntime not installed",
+            rate=f"{n / seconds[f'attnkit {dtype}']:.0f} sentences/s", gflop=None, note="",
+            goal=1.0 if keras.backend.backend() == "torch" else None) for dtype in encoders])
 
 
 def _cosine(a, b):

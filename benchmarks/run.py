@@ -11,7 +11,7 @@ print their rows as JSON. The long-sequence rows run one process per case so tha
 is its own. The language-model workloads (generation against transformers, quantized decoding against
 llama.cpp and CTranslate2, the server against llama.cpp's, LoRA fine-tuning against PEFT, multi-process
 training against one process) come from their own scripts, each run as a child that prints its rows
-(`timing.print_rows`); their rate column is tokens/s, and for decoding its fraction of the memory
+(`timing.print_rows`), as does the embedding row against ONNX Runtime; their rate column is tokens/s, and for decoding its fraction of the memory
 bandwidth ceiling. An anchor that is not installed leaves its cell saying so.
 """
 
@@ -30,7 +30,7 @@ LONG_T = 16384
 # imports workloads only after choosing the backend).
 WORKLOAD_NAMES = ("mha", "encoder-float32", "encoder-bfloat16", "training-step", "embeddings", "embeddings-bfloat16",
                   "encoder-families", "long-attention", "demo-time-to-99", "lm-generation", "quantized", "finetune",
-                  "serve", "distributed")
+                  "serve", "distributed", "embeddings-onnx")
 # The workloads of a script of their own (a model loaded per process, servers, processes), each run in
 # a child process that prints its rows (`timing.print_rows`): name -> (script, arguments per backend,
 # or None: one run for all backends, given --backends).
@@ -41,6 +41,7 @@ SCRIPTS = {
     "finetune": ("finetune.py", lambda b: ["--backend", b]),
     "serve": ("serve.py", lambda b: [] if b == "torch" else None),  # the torch server: its engine batches on torch
     "distributed": ("distributed.py", None),
+    "embeddings-onnx": ("embeddings.py", lambda b: [] if b == "torch" else None),  # issue 41's goal is torch's
 }
 
 
