@@ -277,10 +277,11 @@ def bench_rows(measured, skipped, backend, prompt_len, bytes_per_second):
             anchor_missing=absent, rate=f"{batch / step:.1f} tok/s ({fraction:.0%} of ceiling)", rate_fraction=fraction,
             gflop=None, note=f"{weight_bytes / 1e6:.1f} MB a step", peak_goal=0.7 if goals else None,
             goal=1.0 if goals and (dtype.startswith("gguf") or anchor == "CTranslate2") else None))
+        prefill_anchor = anchors["llama.cpp"][0] if "llama.cpp" in anchors and batch == 1 else None
         out.append(dict(
             workload=f"Prefill, {prompt_len} tokens x batch {batch} (time to first token)", backend=backend, dtype=dtype,
-            attnkit_s=first, anchor="llama.cpp", anchor_s=anchors["llama.cpp"][0] if "llama.cpp" in anchors and batch == 1 else None,
-            anchor_missing=skipped.get("llama.cpp", "not run") if "llama.cpp" not in anchors else "batch 1 only", rate=f"{batch * prompt_len / first:.0f} tok/s", gflop=None, note="",
+            attnkit_s=first, anchor="llama.cpp", anchor_s=prefill_anchor,
+            anchor_missing=None if prefill_anchor else skipped.get("llama.cpp", "not run") if "llama.cpp" not in anchors else "batch 1 only", rate=f"{batch * prompt_len / first:.0f} tok/s", gflop=None, note="",
             goal=1.5 if goals and dtype.startswith("gguf") else None))
     return out
 
