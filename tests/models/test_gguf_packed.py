@@ -167,6 +167,23 @@ def test_a_type_attnkit_cannot_keep_packed_is_refused_by_name(tmp_path):
         load_causal_lm(path, dtype="gguf")
 
 
+@pytest.mark.parametrize("dtype", ["gguf", "float32"])
+def test_a_type_gguf_cannot_dequantize_is_refused_as_such_whatever_the_dtype(tmp_path, monkeypatch, dtype):
+    """An I8 projection: dtype='gguf' must not advise dtype='float32', which cannot load it either."""
+    add = gguf.GGUFWriter.add_tensor
+
+    def add_tensor(self, name, tensor, *args, **kwargs):
+        if name == "blk.0.ffn_up.weight":
+            return add(self, name, np.ones((D_FF, D), np.int8))  # an I8 tensor
+        return add(self, name, tensor, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", add_tensor)
+    path = write_llama(tmp_path / "i8.gguf", "Q8_0", "Q8_0")
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_up\.weight' has quantization type I8, which attnkit cannot dequantize"):
+        load_causal_lm(path, dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", ["int16", "Q4_0", None, "float64"])
 def test_a_bad_dtype_is_refused_naming_it(tmp_path, dtype):
     with pytest.raises(ValueError, match=r"`dtype` must be one of \('float32', 'bfloat16', 'float16', 'int8', 'int4', 'gguf'\)\. "

@@ -191,6 +191,10 @@ FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 def _packed(tensor, path):
     """A projection's quantized GGUF tensor as `BlockWeights` (N outputs, K inputs), refused by name
     where attnkit cannot keep its type packed."""
+    if tensor.tensor_type.name not in PACKED_TYPES:
+        # a type gguf cannot dequantize either (I8, Q8_1, ...) is refused as such: repack's advice to
+        # load it with dtype='float32' would fail there too
+        dequantize(tensor, path)
     shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
     try:
         return repack(tensor.data, tensor.tensor_type.name, shape, name=tensor.name)
