@@ -185,3 +185,30 @@ def test_x_of_another_dtype_is_multiplied_as_its_float32_cast_and_the_kernel_ref
     assert_float32_product(ones, np.ones((1, K), np.float32), reference)
     with pytest.raises(TypeError, match=r"block_gemv multiplies float32 x .* Received: x torch.float64"):
         block_gemv.block_gemv(torch.from_numpy(x), *tensors(weights), **layout(weights))
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_group_whose_weights_are_small_beside_its_offset_keeps_the_factored_bound(rows):
+    """Q4_1 groups with d = 66.6875, m = -1000.5 and every q = 15: each weight is -0.1875, exactly, in
+    float32 (gguf's dequantization). block_gemv sums s_g sum q x and o_g sum x apart, and 15 d and m
+    cancel to 1 part in 5000: the error is float32's on those two sums (block_matmul's docstring),
+    above the 1e-5 |x| |W| bound of the dequantize-then-GEMM path, which keeps it (probe-q)."""
+    from attnkit.kernels.quantized import repack
+
+    n, k = 4, 256
+    blocks = np.zeros((n * k // 32, 20), np.uint8)  # Q4_1: d (float16), m (float16), 16 bytes of nibbles
+    blocks[:, 0:2] = np.array([66.6875], np.float16).view(np.uint8)
+    blocks[:, 2:4] = np.array([-1000.5], np.float16).view(np.uint8)
+    blocks[:, 4:] = 0xFF
+    raw = blocks.reshape(n, -1)
+    reference = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1).reshape(n, k).astype(np.float64)
+    assert np.all(reference == -0.1875)
+    weights = repack(raw, "Q4_1", (n, k))
+    x = np.random.default_rng(0).standard_normal((rows, k)).astype(np.float32)
+    y = block_gemv.block_gemv(torch.from_numpy(x), *tensors(weights), **layout(weights)).numpy()
+    expected = x.astype(np.float64) @ reference.T
+    terms = np.full((n, k), 66.6875 * 15 + 1000.5)  # |s_g q| + |o_g - s_g zero| per weight
+    assert np.all(np.abs(y - expected) <= 1e-5 * (np.abs(x) @ terms.T) + 1e-6)
+    wide = np.concatenate([x] * (block_gemv.MAX_ROWS // rows + 1))  # more rows: dequantize, then one GEMM
+    y_wide = block_linear(torch.from_numpy(wide), *tensors(weights), **layout(weights)).numpy()
+    assert_float32_product(y_wide, wide, reference)

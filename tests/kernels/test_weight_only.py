@@ -67,6 +67,9 @@ def test_int4_on_a_width_that_is_not_whole_groups_falls_to_keras_int4(tmp_path):
     ids = np.arange(12, dtype="int32").reshape(2, 6)
     expected, ours = to_numpy(float_lm.model(ids)), to_numpy(lm.model(ids))
     assert 0 < np.abs(ours - expected).max() < 0.25 * np.abs(expected).max()
+    # q8 activations would round the inputs of the packed products only: refused, naming the other
+    with pytest.raises(ValueError, match=r"`activations='q8'` rounds .* `causal_lm/layer_0/feed_forward/W_down` \(an input width not a multiple of 32\)"):
+        load_causal_lm(str(tmp_path), dtype="int4", activations="q8")
 
 
 @pytest.mark.parametrize("quantize", [quantize_int8, quantize_int4])

@@ -143,7 +143,13 @@ def load_causal_lm(path=None, *, dtype="float32", activations=None):
     model = build_causal_lm(config, policy, source=path if os.path.isfile(path) else os.path.join(path, "config.json"))
     assign_weights(model, config, weights, path)
     if dtype in ("int8", "int4"):
-        quantize_projections(model, dtype)
+        unpacked = quantize_projections(model, dtype)
+        if activations is not None and unpacked:
+            # Keras's int4 products take their input as it is: "q8" would hold for some products only
+            raise ValueError(
+                f"`activations={activations!r}` rounds the inputs of packed products, and `{unpacked[0]}` (an input width "
+                f"not a multiple of {INT4_GROUP}) holds Keras's int4 quantization instead. Load it without `activations`."
+            )
     if activations is not None:
         round_activations(model, activations)
     model.trainable = False
@@ -181,7 +187,9 @@ def quantize_projections(model, mode):
     """Weight-only quantization of every `Linear` of `model` into packed blocks (docs/decisions.md
     item 138; `kernels.quantized.weight_only`): "int8" per output channel, "int4" a scale and
     minimum per 32 inputs; the embeddings stay float. A projection whose input width is not a
-    multiple of 32 takes Keras's int4 quantization (a scale and zero point per 32 inputs) instead."""
+    multiple of 32 takes Keras's int4 quantization (a scale and zero point per 32 inputs) instead.
+    Returns the paths of those projections."""
+    unpacked = []
     for layer in list(model._flatten_layers(include_self=False)):  # every nested layer, as Keras's `quantize` walks them
         if not isinstance(layer, Linear):
             continue
@@ -192,6 +200,8 @@ def quantize_projections(model, mode):
             keep_blocks(layer, quantize_int4(w, layer.path))
         else:
             layer.quantize("int4", config=Int4QuantizationConfig(block_size=INT4_GROUP))
+            unpacked.append(layer.path)
+    return unpacked
 
 
 def assign_weights(model, config, weights, path="the checkpoint"):

@@ -16,8 +16,12 @@ the activations (errors of 2e-3 where float32 gives 1e-6).
 
 Exactness: W is gguf's float32 dequantization bit for bit (the integer values are exact in float32,
 and scale and offset are applied in gguf's order); y differs from a float64 x W^T only by float32
-accumulation, |y - y_64| <= 1e-5 * (|x| |W|^T) + 1e-6 (tests/kernels/test_quantized_blocks.py; for
-`block_gemv` too, which sums s_g * sum q x + (offset_g - s_g zero) * sum x per group). In
+accumulation, |y - y_64| <= 1e-5 * (|x| |W|^T) + 1e-6 (tests/kernels/test_quantized_blocks.py).
+`block_gemv` sums s_g * sum q x + (offset_g - s_g zero) * sum x per group g: its bound is
+1e-5 * sum_g (|s_g| sum |q x| + |offset_g - s_g zero| sum |x|) + 1e-6, the same as the first where
+a group's weights are not small beside its offset (llama.cpp's quantizer makes a group's minimum one
+of its weights), larger where the two sums cancel: weights of -0.1875 stored as 15 x 66.69 - 1000.5
+lost 1e-3 of a product of 256 normal inputs (tests/kernels/test_block_gemv.py). In
 bfloat16 the dequantized W is rounded to bfloat16 once, then multiplied in float32: the bound is
 that of bfloat16 weights, 2^-8 relative.
 
