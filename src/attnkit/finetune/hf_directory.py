@@ -1,6 +1,6 @@
 """A fine-tuned `CausalLM` written as a Hugging Face directory that transformers and `load_causal_lm` load.
 
-    config.json              model_type llama (qwen2 / mistral where the biases or windows say so)
+    config.json              model_type llama (qwen2 / qwen3 / mistral where the biases, q/k norms or windows say so)
     model.safetensors        the weights, LoRA merged, under transformers' names, float32
     tokenizer.json           the tokenizer as attnkit runs it (a GGUF's rebuilt one included)
     tokenizer_config.json    PreTrainedTokenizerFast over that file, the special tokens, the chat template
@@ -18,16 +18,33 @@ MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
 
 
 def model_config(lm):
-    """config.json for `lm.model`: the family whose options express its biases and windows, else refused."""
+    """config.json for `lm.model`: the family whose options express its biases, windows and q/k norms,
+    else refused: a config that left out one of the model's options would load as another model."""
     m = lm.model
     windows = set(m.sliding_windows)
+    # No family written here expresses Gemma's GELU, norms scaling by 1 + weight or scaled embeddings.
+    if m.activation != "silu" or m.norm_offset != 0 or m.embedding_scale is not None:
+        raise ValueError(
+            "attnkit writes llama, qwen2, qwen3 and mistral directories, whose blocks use SiLU, plain RMSNorms and "
+            f"unscaled embeddings. Received: activation={m.activation!r}, norm_offset={m.norm_offset}, "
+            f"embedding_scale={m.embedding_scale}"
+        )
     config = {
         "vocab_size": m.vocab_size, "hidden_size": m.d_model, "intermediate_size": m.d_ff, "num_hidden_layers": m.n,
         "num_attention_heads": m.h, "num_key_value_heads": m.num_kv_heads, "head_dim": m.d_k,
         "rms_norm_eps": m.epsilon, "rope_theta": m.rope_theta, "tie_word_embeddings": m.tie_embeddings,
         "hidden_act": "silu", "max_position_embeddings": 8192, "torch_dtype": "float32",
     }
-    if windows == {None} and m.attention_bias == m.output_bias:
+    if m.qk_norm:  # Qwen3's q_norm and k_norm: a llama config would load without them
+        if windows != {None} or m.attention_bias != m.output_bias or m.mlp_bias:
+            raise ValueError(
+                "attnkit writes a model with q/k norms as qwen3, without sliding windows, with biases on all of W_q, "
+                f"W_k, W_v, W_o or none, and none in the MLP. Received: attention_bias={m.attention_bias}, "
+                f"output_bias={m.output_bias}, mlp_bias={m.mlp_bias}, sliding_windows={m.sliding_windows}"
+            )
+        config.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], attention_bias=m.attention_bias,
+                      use_sliding_window=False)
+    elif windows == {None} and m.attention_bias == m.output_bias:
         config.update(model_type="llama", architectures=["LlamaForCausalLM"], attention_bias=m.attention_bias, mlp_bias=m.mlp_bias)
     elif windows == {None} and m.attention_bias and not m.output_bias and not m.mlp_bias:
         config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], use_sliding_window=False)
@@ -35,7 +52,7 @@ def model_config(lm):
         config.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=windows.pop())
     else:
         raise ValueError(
-            "attnkit writes llama, qwen2 and mistral directories; this model's biases and sliding windows fit none of them. "
+            "attnkit writes llama, qwen2, qwen3 and mistral directories; this model's biases and sliding windows fit none of them. "
             f"Received: attention_bias={m.attention_bias}, output_bias={m.output_bias}, mlp_bias={m.mlp_bias}, "
             f"sliding_windows={m.sliding_windows}"
         )

@@ -111,6 +111,9 @@ def merged_weights(model):
                 weights[f"{prefix}{hf}.bias"] = array(dense.bias)
         weights[prefix + "input_layernorm.weight"] = array(layer.attention_block.norm.gamma)
         weights[prefix + "post_attention_layernorm.weight"] = array(layer.feed_forward_block.norm.gamma)
+        if layer.qk_norm:  # Qwen3's RMSNorms over each head's queries and keys (d_k,)
+            weights[prefix + "self_attn.q_norm.weight"] = array(layer.q_norm.gamma)
+            weights[prefix + "self_attn.k_norm.weight"] = array(layer.k_norm.gamma)
     if model.lm_head is not None:
         weights["lm_head.weight"] = np.ascontiguousarray(array(model.lm_head.kernel).T)
     return weights

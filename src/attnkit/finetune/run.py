@@ -18,7 +18,7 @@ from attnkit._atomic_save import replace_files
 from attnkit._validation import positive_float, positive_int
 from attnkit.distributed.engines import SingleEngine
 from attnkit.finetune import checkpoint, data, lora, training
-from attnkit.finetune.hf_directory import MODEL_FILES, write_model_directory
+from attnkit.finetune.hf_directory import MODEL_FILES, model_config, write_model_directory
 from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm
 
 ADAPTER, ADAPTER_FILES, SUMMARY = "adapter", ("adapter_config.json", "adapter_model.safetensors"), "finetune.json"
@@ -67,6 +67,7 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
         lm = load_causal_lm(settings["model"], dtype=dtype)
         if lm.tokenizer is None:
             raise ValueError(f"The model at {lm.path} has no tokenizer (tokenizer.json); fine-tuning reads text")
+        model_config(lm)  # a model no Hugging Face family written here expresses: refused before training, not after
         train = data.encode_file(lm, train_file, settings["max_length"])  # every line checked before training
         evaluation = data.encode_file(lm, eval_file, settings["max_length"]) if eval_file else []
         steps = settings["epochs"] * math.ceil(len(train) / settings["batch_size"])
