@@ -84,3 +84,21 @@ def test_too_long_example_is_refused(lm, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": "short"}, {"text": "x" * 40}])
     with pytest.raises(ValueError, match=r"line 2: 41 tokens, more than --max-length 16"):
         data.encode_file(lm, path, 16)
+
+
+def test_a_line_that_is_not_utf8_is_refused_by_its_number_and_a_bom_is_skipped(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "fine"}\n{"text": "caf\xe9"}\n')  # a byte-order mark, then Latin-1
+    with pytest.raises(ValueError, match=r"d\.jsonl, line 2: not UTF-8 text"):
+        data.read_jsonl(str(path))
+    path.write_bytes(b'\xef\xbb\xbf{"text": "fine"}\n')
+    assert data.read_jsonl(str(path)) == [(1, {"text": "fine"})]
+
+
+def test_a_chat_the_template_refuses_is_refused_by_its_line(lm, tmp_path):
+    strict = load_causal_lm(lm.path)
+    strict.chat_template = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}" + TEMPLATE
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "fine"}, {"messages": [
+        {"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}])
+    with pytest.raises(ValueError, match=r"d\.jsonl, line 2: field \"messages\": .*System role not supported"):
+        data.encode_file(strict, path, 256)

@@ -23,8 +23,12 @@ def read_jsonl(path):
     """[(line number, dict)] of a JSON-lines file; blank lines are skipped, anything else must be a
     JSON object of one of the three forms (module docstring)."""
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is refused naming it, like any other bad line
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark (Notepad's) skipped
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}, line {number}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             if not line.strip():
                 continue
             try:
@@ -90,12 +94,15 @@ def encode(lm, record, max_length, where="example"):
     IGNORE elsewhere (the shift to next-token targets happens in `batches`).
 
     Raises:
-        ValueError: more than `max_length` tokens, or no token to learn, naming `where`.
+        ValueError: a chat the template refuses, more than `max_length` tokens, or no token to learn, naming `where`.
     """
     tok = lm.tokenizer
     end = lm.stop_ids[:1]  # the end token the model must learn to produce after a prompt/text
     if "messages" in record:
-        full, spans = assistant_spans(lm, record["messages"])
+        try:
+            full, spans = assistant_spans(lm, record["messages"])
+        except (ValueError, TypeError) as e:  # the template's refusal ("roles must alternate"), named by its line
+            raise ValueError(f"{where}: field \"messages\": {e}") from None
         encoding = tok.encode(full, add_special_tokens=False)  # as apply_chat_template tokenizes
         ids = list(encoding.ids)
         # a token is the assistant's when it starts inside an assistant span
