@@ -22,8 +22,13 @@ def export(directory, out):
     settings = summary["settings"]
     if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "config.json")):
         raise FileExistsError(f"{out} holds files but no config.json; attnkit writes an empty directory or replaces a model directory")
+    if os.path.isdir(out) and os.path.isdir(settings["model"]) and os.path.samefile(out, settings["model"]):
+        # replacing it would overwrite the user's base model with the merged one, and the adapter's
+        # base_model_name_or_path would name the merged model: PEFT would apply the update twice
+        raise FileExistsError(f"{out} is the base model the run was fine-tuned from (--model); export into another directory")
     replace_files(out, {name: _copier(os.path.join(directory, name)) for name in MODEL_FILES})
     if settings["full"]:
+        _remove_adapter(out)
         return out
     base = settings["model"]
     if not os.path.isdir(base):  # a GGUF file: PEFT needs the base as a Hugging Face directory
@@ -36,6 +41,18 @@ def export(directory, out):
         "adapter_config.json": lambda path: _with_base(os.path.join(adapter, "adapter_config.json"), path, base),
     })
     return out
+
+
+def _remove_adapter(out):
+    """OUT/adapter of an earlier export into OUT, removed: left beside a fully fine-tuned model, PEFT
+    would load another run's update. Only the adapter files attnkit writes go; a folder holding
+    anything else is the user's, and stays."""
+    folder = os.path.join(out, ADAPTER)
+    if not os.path.isdir(folder) or os.path.islink(folder) or set(os.listdir(folder)) - set(ADAPTER_FILES):
+        return
+    for name in os.listdir(folder):
+        os.remove(os.path.join(folder, name))
+    os.rmdir(folder)
 
 
 def _copier(source):

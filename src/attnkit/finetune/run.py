@@ -50,6 +50,8 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
         weight_decay=float(weight_decay), save_every=int(save_every), backend=keras.backend.backend(),
     )
     output_dir = os.path.abspath(output_dir)
+    if os.path.lexists(output_dir) and not os.path.isdir(output_dir):  # refused now, not when the first checkpoint is written
+        raise FileExistsError(f"--output-dir {output_dir} exists and is not a directory; choose a directory")
     engine = engine if engine is not None else SingleEngine()
     engine.local_batch(settings["batch_size"])  # a batch split evenly, or a ValueError naming --processes
     state = {"epoch": 0, "step": 0}

@@ -1,0 +1,44 @@
+"""Where `finetune` and `export` write: an --output-dir that is a file is refused before training, an
+export into the base model's own directory is refused (it would overwrite the base and make the
+adapter's base the merged model), and a full fine-tune exported over an earlier LoRA export leaves no
+adapter of the other run beside it."""
+
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from attnkit.finetune import export, finetune  # noqa: E402
+from tiny import date_chats, write_jsonl  # noqa: E402
+
+SETTINGS = dict(epochs=1, batch_size=4, lora_rank=2, max_length=128, log=lambda *a: None)
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_training(tiny_dir, tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(2))
+    user = tmp_path / "notes.txt"
+    user.write_text("mine")
+    steps = []
+    with pytest.raises(FileExistsError, match="exists and is not a directory"):
+        finetune(train, str(user), model=tiny_dir, on_step=steps.append, **SETTINGS)
+    assert steps == [] and user.read_text() == "mine"
+
+
+def test_export_refuses_the_base_directory_and_drops_a_stale_adapter(tiny_dir, tmp_path):
+    base = str(tmp_path / "base")
+    shutil.copytree(tiny_dir, base)
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
+    lora, full = str(tmp_path / "lora"), str(tmp_path / "full")
+    finetune(train, lora, model=base, **SETTINGS)
+    finetune(train, full, model=base, full=True, **SETTINGS)
+    before = open(os.path.join(base, "model.safetensors"), "rb").read()
+    with pytest.raises(FileExistsError, match="is the base model"):
+        export(lora, base)
+    assert open(os.path.join(base, "model.safetensors"), "rb").read() == before and not os.path.isdir(os.path.join(base, "adapter"))
+    out = str(tmp_path / "out")
+    export(lora, out)
+    assert os.path.isdir(os.path.join(out, "adapter"))
+    export(full, out)  # the LoRA run's adapter beside the full run's weights would be another run's update
+    assert not os.path.exists(os.path.join(out, "adapter"))
