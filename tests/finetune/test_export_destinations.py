@@ -1,7 +1,7 @@
 """Where `finetune` and `export` write: an --output-dir that is a file is refused before training, an
 export into the base model's own directory is refused (it would overwrite the base and make the
 adapter's base the merged model), and a full fine-tune exported over an earlier LoRA export leaves no
-adapter of the other run beside it."""
+adapter of the other run beside it. Weights that diverge end the run rather than be written."""
 
 import os
 import shutil
@@ -42,3 +42,13 @@ def test_export_refuses_the_base_directory_and_drops_a_stale_adapter(tiny_dir, t
     assert os.path.isdir(os.path.join(out, "adapter"))
     export(full, out)  # the LoRA run's adapter beside the full run's weights would be another run's update
     assert not os.path.exists(os.path.join(out, "adapter"))
+
+
+def test_weights_that_diverge_end_the_run_instead_of_writing_a_nan_model(tiny_dir, tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(8))
+    out = tmp_path / "out"
+    # AdamW steps each weight by ~ the rate: the two steps' losses are finite (torch: the second may
+    # not be), LoRA's A and B of ~1e30 too, their product in the merged kernels is not
+    with pytest.raises(FloatingPointError, match="(not finite at|the loss became nan at) .*; lower --learning-rate"):
+        finetune(train, str(out), model=tiny_dir, learning_rate=1e30, **SETTINGS)
+    assert not os.path.exists(out / "model.safetensors") and not os.path.exists(out / "checkpoint")

@@ -20,8 +20,8 @@ RESUMABLE = ("epochs", "eval", "save_every")  # settings a resumed run may chang
 
 
 def save(directory, model, settings, state):
-    arrays = {f"t{i}": _numpy(v) for i, v in enumerate(model.trainable_variables)}
-    arrays.update({f"o{i}": _numpy(v) for i, v in enumerate(model.optimizer.variables)})
+    arrays = {f"t{i}": read_variable(v) for i, v in enumerate(model.trainable_variables)}
+    arrays.update({f"o{i}": read_variable(v) for i, v in enumerate(model.optimizer.variables)})
 
     def write_weights(path):
         with open(path, "wb") as f:
@@ -34,7 +34,8 @@ def save(directory, model, settings, state):
     replace_files(os.path.join(directory, FOLDER), {WEIGHTS: write_weights, PROGRESS: write_progress})
 
 
-def _numpy(variable):
+def read_variable(variable):
+    """A variable's value as a NumPy array."""
     value = variable.value
     # A tensorflow variable is read first: the optimizer's step count, a MirroredVariable under
     # MultiWorkerMirroredStrategy, has no array of its own to convert.

@@ -13,7 +13,7 @@ import numpy as np
 from keras import ops
 
 from attnkit import kernels
-from attnkit.finetune import data, lora
+from attnkit.finetune import checkpoint, data, lora
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -193,6 +193,21 @@ def share(inputs, targets, rank, world):
     return inputs[rank * rows : (rank + 1) * rows], targets[rank * rows : (rank + 1) * rows]
 
 
+def check_finite(model, when):
+    """Raises FloatingPointError if a trainable weight of `model` is NaN or infinite at `when`: a step
+    whose loss was finite can still have stepped the weights there, and the model written after it
+    would give NaN logits with a finite loss in its history. LoRA's merged kernels too: finite A and B
+    of ~1e30 (AdamW's steps are ~ the learning rate) make an infinite W + (alpha / r) A B."""
+    merged = [layer.kernel for layer in model._flatten_layers() if getattr(layer, "lora_enabled", False)]
+    for variable in list(model.trainable_variables) + merged:
+        # every process reads: a read may be a collective
+        value = checkpoint.read_variable(variable) if isinstance(variable, keras.Variable) else ops.convert_to_numpy(variable)
+        if not np.isfinite(value).all():
+            name = variable.path if isinstance(variable, keras.Variable) else "a LoRA-merged kernel"
+            raise FloatingPointError(f"{name} is not finite at {when}; lower --learning-rate "
+                                     f"(a checkpoint already written is from before it)")
+
+
 def run(model, train, *, epochs, batch_size, pad_id, seed, state, evaluation=(), save=None, save_every=0, on_step=None,
         engine=None, callbacks=(), log=print):
     """Trains `model` (prepared) on `train` [(ids, labels)] from `state` {"epoch", "step"} (0, 0 for a new
@@ -216,14 +231,19 @@ def run(model, train, *, epochs, batch_size, pad_id, seed, state, evaluation=(),
             for step in range(first, len(order)):
                 inputs, targets = data.collate([train[i] for i in order[step]], pad_id)  # (B, L), the whole batch
                 losses.append(_mean(engine, train_step(model, *weighted_share(inputs, targets, engine))))
+                if not math.isfinite(losses[-1]):  # every later step, checkpoint and the written model would be NaN
+                    raise FloatingPointError(f"the loss became {losses[-1]} at epoch {epoch + 1}, step {step + 1}; "
+                                             f"lower --learning-rate (a checkpoint already written is from before it)")
                 for callback in callbacks:
                     callback.on_train_batch_end(step)
                 state = {**state, "epoch": epoch, "step": step + 1, "epoch_losses": losses}
                 bar.update(step + 1, values=[("loss", losses[-1])])
                 if save is not None and save_every and (step + 1) % save_every == 0 and step + 1 < len(order):
+                    check_finite(model, f"epoch {epoch + 1}, step {step + 1}")
                     save(state)
                 if on_step is not None:
                     on_step(state)
+            check_finite(model, f"the end of epoch {epoch + 1}")  # the last step's update is in no loss yet
             record = {"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": round(time.perf_counter() - started, 2)}
             if evaluation:
                 record["eval_loss"], record["perplexity"] = evaluate(model, evaluation, batch_size, pad_id, engine)
