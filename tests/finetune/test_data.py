@@ -102,3 +102,11 @@ def test_a_chat_the_template_refuses_is_refused_by_its_line(lm, tmp_path):
         {"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}])
     with pytest.raises(ValueError, match=r"d\.jsonl, line 2: field \"messages\": .*System role not supported"):
         data.encode_file(strict, path, 256)
+
+
+def test_a_chat_opening_with_the_assistant_is_refused_by_its_line(lm, tmp_path):
+    """The template adds its default system message before a first assistant turn: no earlier chat
+    renders that prefix, so the reply could not be told apart from it (all 40 tokens were learned)."""
+    path = write_jsonl(tmp_path / "d.jsonl", [{"messages": CHATS[0]}, {"messages": [{"role": "assistant", "content": "hi"}]}])
+    with pytest.raises(ValueError, match=r"d\.jsonl, line 2: field \"messages\": the chat opens with the assistant's turn"):
+        data.encode_file(lm, path, 256)

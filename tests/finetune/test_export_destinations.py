@@ -34,13 +34,17 @@ def test_export_refuses_the_base_directory_and_drops_a_stale_adapter(tiny_dir, t
     finetune(train, lora, model=base, **SETTINGS)
     finetune(train, full, model=base, full=True, **SETTINGS)
     before = open(os.path.join(base, "model.safetensors"), "rb").read()
-    with pytest.raises(FileExistsError, match="is the base model"):
+    with pytest.raises(FileExistsError, match="already exists; pass --force"):
         export(lora, base)
+    with pytest.raises(FileExistsError, match="is the base model"):
+        export(lora, base, force=True)
     assert open(os.path.join(base, "model.safetensors"), "rb").read() == before and not os.path.isdir(os.path.join(base, "adapter"))
     out = str(tmp_path / "out")
     export(lora, out)
     assert os.path.isdir(os.path.join(out, "adapter"))
-    export(full, out)  # the LoRA run's adapter beside the full run's weights would be another run's update
+    with pytest.raises(FileExistsError, match="already exists; pass --force"):  # another model of the user's, perhaps
+        export(full, out)
+    export(full, out, force=True)  # the LoRA run's adapter beside the full run's weights would be another run's update
     assert not os.path.exists(os.path.join(out, "adapter"))
 
 

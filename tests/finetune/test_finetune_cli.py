@@ -87,3 +87,13 @@ def test_errors_are_one_line(run, tiny_dir, capsys, tmp_path):
     assert main(["finetune", "--data", run["train"], "--model", tiny_dir, "--output-dir", run["out"]]) == 1  # not empty
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "line 2: field \"prompt\" must be a string" in err[0] and "already holds files" in err[1]
+
+
+def test_export_replaces_an_existing_directory_only_with_force(run, capsys):
+    weights = os.path.join(run["exported"], "model.safetensors")
+    before = open(weights, "rb").read()
+    capsys.readouterr()
+    assert main(["export", run["out"], run["exported"]]) == 1
+    assert capsys.readouterr().err.strip().endswith("already exists; pass --force to replace it")
+    assert open(weights, "rb").read() == before
+    assert main(["export", run["out"], run["exported"], "--force"]) == 0

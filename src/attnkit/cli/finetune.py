@@ -76,9 +76,9 @@ def _report(args, history):
     return 0
 
 
-def export_finetuned(directory, out):
-    """`attnkit export DIR OUT` (the export command is cli/pretrained.py's, shared with the encoders)."""
-    out = export(directory, out)
+def export_finetuned(directory, out, force=False):
+    """`attnkit export DIR OUT [--force]` (the export command is cli/pretrained.py's, shared with the encoders)."""
+    out = export(directory, out, force)
     print(f"wrote {out} (transformers: AutoModelForCausalLM.from_pretrained; PEFT: {out}/adapter)")
     return 0
 

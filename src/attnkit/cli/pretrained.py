@@ -137,9 +137,9 @@ def _heads(args):
 
 def _export(args):
     if args.out is not None:  # `attnkit export DIR OUT`: a fine-tuned language model (docs/decisions.md item 123)
-        if args.model is not None or args.force:
-            raise CommandError("export DIR OUT takes a fine-tuned directory and writes OUT; --model and --force are for an encoder")
-        return export_finetuned(args.output, args.out)
+        if args.model is not None:
+            raise CommandError("export DIR OUT takes a fine-tuned directory and writes OUT; --model is for an encoder")
+        return export_finetuned(args.output, args.out, args.force)
     if not args.output:
         raise CommandError("DIR must not be empty")
     if os.path.lexists(args.output) and not args.force:

@@ -79,7 +79,13 @@ def assistant_spans(lm, messages):
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = render_chat(lm.chat_template, messages[:i], add_generation_prompt=True, special_tokens=lm.special_tokens) if i else ""
+        if i == 0:
+            # No earlier chat renders what the template puts before this turn (SmolLM2's adds a default
+            # system message): it would be learned as the reply's.
+            raise ValueError("the chat opens with the assistant's turn, before which the template may add text of its own "
+                             "(a default system message) that attnkit cannot tell apart from the reply; begin with a "
+                             "system or user message")
+        before = render_chat(lm.chat_template, messages[:i], add_generation_prompt=True, special_tokens=lm.special_tokens)
         upto = render_chat(lm.chat_template, messages[: i + 1], add_generation_prompt=False, special_tokens=lm.special_tokens)
         if not (full.startswith(upto) and upto.startswith(before)):
             # a template that renders earlier turns differently once later ones follow (Qwen3's thinking)

@@ -15,11 +15,15 @@ from attnkit.finetune.run import ADAPTER, ADAPTER_FILES, read_summary, write_ada
 from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
 
-def export(directory, out):
-    """Writes OUT from the fine-tuned `directory` (module docstring); returns OUT's absolute path."""
+def export(directory, out, force=False):
+    """Writes OUT from the fine-tuned `directory` (module docstring); returns OUT's absolute path. An
+    OUT that exists (other than an empty directory) is replaced only with `force`, and only when it is
+    a model directory (config.json) other than the run's base model."""
     directory, out = os.path.abspath(directory), os.path.abspath(out)
     summary = read_summary(directory)
     settings = summary["settings"]
+    if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)) and not force:
+        raise FileExistsError(f"{out} already exists; pass --force to replace it")
     if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "config.json")):
         raise FileExistsError(f"{out} holds files but no config.json; attnkit writes an empty directory or replaces a model directory")
     if os.path.isdir(out) and os.path.isdir(settings["model"]) and os.path.samefile(out, settings["model"]):
