@@ -56,3 +56,19 @@ def test_weights_that_diverge_end_the_run_instead_of_writing_a_nan_model(tiny_di
     with pytest.raises(FloatingPointError, match="(not finite at|the loss became nan at) .*; lower --learning-rate"):
         finetune(train, str(out), model=tiny_dir, learning_rate=1e30, **SETTINGS)
     assert not os.path.exists(out / "model.safetensors") and not os.path.exists(out / "checkpoint")
+
+
+def test_a_run_stopped_before_its_outputs_resumes_to_write_them(tiny_dir, tmp_path):
+    """Killed after the last checkpoint but before finetune.json (written last): --resume trains no
+    more and writes the outputs the uninterrupted run wrote; a finished run is asked for more epochs."""
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
+    out = tmp_path / "out"
+    finetune(train, str(out), model=tiny_dir, **SETTINGS)
+    written = {name: (out / name).read_bytes() for name in ("model.safetensors", "finetune.json")}
+    with pytest.raises(ValueError, match="has already trained 1 epochs; ask for more with --epochs"):
+        finetune(train, str(out), model=tiny_dir, resume=True, **SETTINGS)
+    for name in written:
+        os.remove(out / name)
+    steps = []
+    finetune(train, str(out), model=tiny_dir, resume=True, on_step=steps.append, **SETTINGS)
+    assert steps == [] and {name: (out / name).read_bytes() for name in written} == written

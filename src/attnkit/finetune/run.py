@@ -58,7 +58,9 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
     if resume:
         saved, state = checkpoint.read_progress(output_dir)
         checkpoint.check_settings(output_dir, saved, settings)
-        if state["epoch"] >= settings["epochs"]:
+        # A run stopped after its last checkpoint but before its outputs (finetune.json is written
+        # last) resumes to write them; a finished one is asked for more epochs.
+        if state["epoch"] >= settings["epochs"] and os.path.isfile(os.path.join(output_dir, SUMMARY)):
             raise ValueError(f"--resume: {output_dir} has already trained {state['epoch']} epochs; ask for more with --epochs")
     elif engine.rank == 0 and os.path.isdir(output_dir) and os.listdir(output_dir):  # the others: process 0 writes it
         raise FileExistsError(f"--output-dir {output_dir} already holds files; choose an empty directory, or pass --resume to continue its run")
