@@ -56,6 +56,29 @@ def test_linear_without_autograd_equals_float64(rng, onednn_or_not, activation, 
     np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("post_op", [True, False])
+@pytest.mark.parametrize("rows", [1, 9, 300])
+def test_gelu_as_onednns_post_op_or_after_the_linear_equals_float64(rng, monkeypatch, post_op, rows):
+    """GELU fused into oneDNN's linear (AVX-512) or applied in place after it (AVX2, item 155): the
+    same values, and under autograd the same gradients, torch's GELU then."""
+    monkeypatch.setattr(onednn, "gelu_post_op_pays", lambda: post_op)
+    x = rng.standard_normal((rows, 7)).astype("float32")
+    kernel, bias = rng.standard_normal((7, 13)).astype("float32"), rng.standard_normal(13).astype("float32")
+    pre = torch.from_numpy(_float64_linear(x, kernel, bias, None)).requires_grad_(True)
+    expected = torch.nn.functional.gelu(pre)
+    with torch.no_grad():
+        got = _fused.torch_linear(*(torch.from_numpy(a) for a in (x, kernel, bias)), "gelu")
+    np.testing.assert_allclose(got.numpy(), expected.detach().numpy(), rtol=0, atol=1e-5)
+    upstream = torch.from_numpy(rng.standard_normal((rows, 13)))
+    xt, kt, bt = (torch.tensor(a, requires_grad=True) for a in (x, kernel, bias))
+    y = _fused.torch_linear(xt, kt, bt, "gelu")
+    y.backward(upstream.float())
+    expected.backward(upstream)
+    np.testing.assert_allclose(y.detach().numpy(), expected.detach().numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(xt.grad.numpy(), pre.grad.numpy() @ kernel.T, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(bt.grad.numpy(), pre.grad.numpy().sum(0), rtol=0, atol=1e-4)
+
+
 def test_onednn_runs_where_it_should_and_only_there(rng):
     x2, x1 = torch.randn(4, 7), torch.randn(1, 7)
     kernel = torch.randn(7, 3)

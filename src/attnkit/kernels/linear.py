@@ -143,7 +143,8 @@ def torch_linear(x, kernel, bias, activation=None, pack=True):
     rows run as the float32 linear of their exact casts, rounded once (`onednn.half_as_float32`). torch's default CPU GEMM for float32
     is MKL's, which on AMD CPUs runs at AVX2 speed: 2.2x slower than oneDNN on an AVX-512 EPYC
     (docs/decisions.md item 60). Elsewhere (single rows, other dtypes, GELU under autograd) one
-    `F.linear` on the kernel's transposed view.
+    `F.linear` on the kernel's transposed view. GELU is oneDNN's post-op only where that pays
+    (`onednn.gelu_post_op_pays`: AVX-512); on an AVX2 CPU the linear, then torch's GELU (item 155).
 
     Args:
         x: (..., d_in). kernel: (d_in, d_out). bias: (d_out,) or None. activation: None, "relu" or "gelu".
@@ -171,6 +172,9 @@ def torch_linear(x, kernel, bias, activation=None, pack=True):
         # accumulate in float32 and round once: the same arithmetic, on a CPU without those kernels.
         f32 = [None if t is None else t.float() for t in (x, kernel, bias)]
         return torch_linear(*f32, activation, pack=False).to(x.dtype)
+    if activation == "gelu" and onednn.takes(x, weight, bias, packed=True) and not onednn.gelu_post_op_pays():
+        y = torch_linear(x, kernel, bias, None, pack)  # a fresh output: GELU in place where no graph needs it
+        return F.gelu(y) if tensor_checks.records_graph(y) else torch.ops.aten.gelu_(y)
     y = onednn.packed_linear(x, kernel, weight, bias, activation, transposed=True) if pack else None
     if y is not None:
         return y

@@ -30,6 +30,15 @@ def native_half(dtype):
     return bool(check is not None and torch.backends.mkldnn.is_available() and check())
 
 
+def gelu_post_op_pays():
+    """Whether oneDNN's linear applies GELU faster as its post-op than torch's GELU after it: on a CPU
+    with AVX-512. With AVX2 only, the post-op took 1.3x the time of the linear then `gelu_` (an
+    FFN's 3584 x 384 -> 1536 product: 59 against 46 ms), the same values (docs/decisions.md item 155)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2")
+
+
 def half_as_float32(x, weight, bias=None):
     """Whether `linear.torch_linear` multiplies these half-precision torch tensors (bfloat16 or float16, the
     bias too) in float32 on exact casts: on the CPU, ONEDNN_BFLOAT16_MIN_ROWS rows or more, where
