@@ -79,6 +79,23 @@ def test_gelu_as_onednns_post_op_or_after_the_linear_equals_float64(rng, monkeyp
     np.testing.assert_allclose(bt.grad.numpy(), pre.grad.numpy().sum(0), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("avx512", [True, False])
+def test_without_autograd_the_kernels_view_goes_to_onednn_on_avx512_only(rng, monkeypatch, avx512):
+    """item 156: on an AVX2 CPU addmm(b, x, K) reads a (d_in, d_out) kernel faster than oneDNN its
+    transposed view; a contiguous (d_out, d_in) weight (a kept row-major copy) stays oneDNN's."""
+    monkeypatch.setattr(onednn, "avx512", lambda: avx512)
+    calls = []
+    linear_pointwise = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or linear_pointwise(*a))
+    x = rng.standard_normal((9, 7)).astype("float32")
+    kernel, bias = rng.standard_normal((7, 13)).astype("float32"), rng.standard_normal(13).astype("float32")
+    with torch.no_grad():
+        got = _fused.torch_linear(*(torch.from_numpy(a) for a in (x, kernel, bias)), "relu")
+    np.testing.assert_allclose(got.numpy(), _float64_linear(x, kernel, bias, "relu"), rtol=0, atol=1e-5)
+    assert len(calls) == (1 if avx512 else 0)
+    assert onednn.view_pays(torch.from_numpy(kernel).t()) == avx512 and onednn.view_pays(torch.from_numpy(kernel))
+
+
 def test_onednn_runs_where_it_should_and_only_there(rng):
     x2, x1 = torch.randn(4, 7), torch.randn(1, 7)
     kernel = torch.randn(7, 3)

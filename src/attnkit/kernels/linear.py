@@ -143,8 +143,9 @@ def torch_linear(x, kernel, bias, activation=None, pack=True):
     rows run as the float32 linear of their exact casts, rounded once (`onednn.half_as_float32`). torch's default CPU GEMM for float32
     is MKL's, which on AMD CPUs runs at AVX2 speed: 2.2x slower than oneDNN on an AVX-512 EPYC
     (docs/decisions.md item 60). Elsewhere (single rows, other dtypes, GELU under autograd) one
-    `F.linear` on the kernel's transposed view. GELU is oneDNN's post-op only where that pays
-    (`onednn.gelu_post_op_pays`: AVX-512); on an AVX2 CPU the linear, then torch's GELU (item 155).
+    `F.linear` on the kernel's transposed view. On an AVX2 CPU two choices differ (items 155, 156):
+    GELU follows the linear (torch's `gelu_`) instead of being oneDNN's post-op, and without autograd
+    a plain float32 kernel goes to torch's addmm, which reads it faster than oneDNN reads its view.
 
     Args:
         x: (..., d_in). kernel: (d_in, d_out). bias: (d_out,) or None. activation: None, "relu" or "gelu".
@@ -186,9 +187,11 @@ def torch_linear(x, kernel, bias, activation=None, pack=True):
             if weight.dtype == torch.bfloat16:
                 # oneDNN's bfloat16 kernels read a contiguous (d_out, d_in) weight up to 1.4x faster than
                 # the transposed view for a few rows (decoding), and no slower for many; in float32 the
-                # view is the faster one (docs/decisions.md item 60).
+                # view is the faster one on an AVX-512 CPU (docs/decisions.md item 60), torch's addmm
+                # on the kernel as it lies on an AVX2 one (item 156).
                 weight = onednn.row_major(kernel)
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation or "none", [], "none")
+            if onednn.view_pays(weight):
+                return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation or "none", [], "none")
     if weight.dtype in (torch.bfloat16, torch.float16) and weight.device.type == "cpu":
         # torch's CPU half-precision GEMM runs ~30x slower on a row-major (d_in, d_out) operand than
         # on a (d_out, d_in) one (0.5 vs 15 GFLOP/s on a 2048x512x2048 bfloat16 product here): the

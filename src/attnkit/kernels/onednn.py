@@ -30,13 +30,28 @@ def native_half(dtype):
     return bool(check is not None and torch.backends.mkldnn.is_available() and check())
 
 
+def avx512():
+    """Whether torch's CPU kernels run with AVX-512 or above, where oneDNN's choices here were measured
+    (docs/decisions.md items 60, 71); on an AVX2 CPU two of them lose (items 155, 156)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2")
+
+
 def gelu_post_op_pays():
     """Whether oneDNN's linear applies GELU faster as its post-op than torch's GELU after it: on a CPU
     with AVX-512. With AVX2 only, the post-op took 1.3x the time of the linear then `gelu_` (an
     FFN's 3584 x 384 -> 1536 product: 59 against 46 ms), the same values (docs/decisions.md item 155)."""
-    import torch
+    return avx512()
 
-    return torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2")
+
+def view_pays(weight):
+    """Whether oneDNN's linear, without autograd, reads `weight` (d_out, d_in) as fast as torch's GEMM
+    reads its (d_in, d_out) kernel: yes for a contiguous weight, and for the kernel's transposed view
+    on an AVX-512 CPU. On an AVX2 one addmm(b, x, K) ran 1.05-1.3x faster than oneDNN on the view
+    (MiniLM's 5056 x 384 -> 1536: 44 against 58 ms; SmolLM2's 1024 x 576 -> 1536: 16.4 against 20.3
+    ms; docs/decisions.md item 156)."""
+    return weight.is_contiguous() or avx512()
 
 
 def half_as_float32(x, weight, bias=None):
