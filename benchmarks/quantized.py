@@ -98,7 +98,9 @@ def tiny_gguf(path):
 def timed(cases, new, rounds):
     """(time to first token, seconds a decoding step), medians, for each case (generate, prompts):
     `generate(prompts, n)` runs n tokens. The rounds interleave the cases, so a machine that slows
-    down for a while slows every engine alike and the ratios of one run hold."""
+    down for a while slows every engine alike and the ratios of one run hold. A step is the n-token
+    run less the 1-token run; on a busy machine the first can time below the second, and a case
+    with such rounds in its majority has no step (None: "timing invalid"), not a clamped one."""
     firsts, steps = [[] for _ in cases], [[] for _ in cases]
     for generate, prompts in cases:
         generate(prompts, 2)  # warm-up: compiled programs, caches
@@ -111,8 +113,14 @@ def timed(cases, new, rounds):
             generate(prompts, new)
             whole = time.perf_counter() - t
             firsts[i].append(first)
-            steps[i].append(max(whole - first, 1e-9) / (new - 1))
-    return [(sorted(f)[rounds // 2], sorted(s)[rounds // 2]) for f, s in zip(firsts, steps)]
+            steps[i].append((whole - first) / (new - 1))
+    return [(sorted(f)[rounds // 2], valid_median(s)) for f, s in zip(firsts, steps)]
+
+
+def valid_median(steps):
+    """The median of the positive `steps`, or None where they are not a majority of them."""
+    valid = sorted(s for s in steps if s > 0)
+    return valid[len(valid) // 2] if 2 * len(valid) > len(steps) else None
 
 
 def llama_cpp_generate(path, threads):
@@ -205,6 +213,9 @@ def main():
 
     def row(engine, dtype, batch, weight_bytes, first, step):
         measured.append((engine, dtype, batch, weight_bytes, first, step))
+        if step is None:
+            rows.append([engine, dtype, batch, INVALID, f"{batch * prompt_len / first:.0f}", f"{first * 1e3:.0f} ms", "-", "-"])
+            return
         ceiling = batch * bytes_per_second / weight_bytes if weight_bytes else float("nan")
         rows.append([engine, dtype, batch, f"{batch / step:.1f}", f"{batch * prompt_len / first:.0f}", f"{first * 1e3:.0f} ms",
                      f"{weight_bytes / 1e6:.1f} MB" if weight_bytes else "-", f"{batch / step / ceiling:.0%}" if weight_bytes else "-"])
@@ -255,6 +266,9 @@ def main():
         print_rows(bench_rows(measured, skipped, args.backend, prompt_len, bytes_per_second))
 
 
+INVALID = "timing invalid (the n-token runs timed below the 1-token run: a busy machine)"
+
+
 def bench_rows(measured, skipped, backend, prompt_len, bytes_per_second):
     """`make bench`'s rows from `measured` [(engine, dtype, batch, bytes a step reads, first-token
     seconds, seconds a decoding step)]: per attnkit case a decoding row (seconds per token against
@@ -263,20 +277,26 @@ def bench_rows(measured, skipped, backend, prompt_len, bytes_per_second):
     at a time: a batch-8 row compares tokens/s against their batch 1. The goals (issue 41) are
     torch's at batch 1. `skipped`: anchor -> why it did not run."""
     anchors = {engine: (first, step) for engine, _, _, _, first, step in measured if not engine.startswith("attnkit")}
+    skipped = {**skipped, **{engine: INVALID for engine, (_, step) in anchors.items() if step is None}}
+    decoded = {engine: times for engine, times in anchors.items() if times[1] is not None}
     out = []
     for engine, dtype, batch, weight_bytes, first, step in measured:
         if not engine.startswith("attnkit"):
             continue
         anchor = "CTranslate2" if dtype.startswith("int8") and "CTranslate2" in anchors else "llama.cpp"
-        fraction = batch / step / (batch * bytes_per_second / weight_bytes)
         goals = backend == "torch" and batch == 1
-        absent = skipped.get(anchor, "not run") if anchor not in anchors else None
-        out.append(dict(
-            workload=f"Decoding SmolLM2, batch {batch} (per token)", backend=backend, dtype=dtype,
-            attnkit_s=step / batch, anchor=anchor, anchor_s=anchors[anchor][1] if anchor in anchors else None,
-            anchor_missing=absent, rate=f"{batch / step:.1f} tok/s ({fraction:.0%} of ceiling)", rate_fraction=fraction,
-            gflop=None, note=f"{weight_bytes / 1e6:.1f} MB a step", peak_goal=0.7 if goals else None,
-            goal=1.0 if goals and (dtype.startswith("gguf") or anchor == "CTranslate2") else None))
+        absent = skipped.get(anchor, "not run") if anchor not in decoded else None
+        if step is None:
+            out.append(dict(workload=f"Decoding SmolLM2, batch {batch} (per token)", backend=backend, dtype=dtype,
+                            attnkit_s=None, anchor=anchor, anchor_s=None, gflop=None, note=f"attnkit: {INVALID}"))
+        else:
+            fraction = batch / step / (batch * bytes_per_second / weight_bytes)
+            out.append(dict(
+                workload=f"Decoding SmolLM2, batch {batch} (per token)", backend=backend, dtype=dtype,
+                attnkit_s=step / batch, anchor=anchor, anchor_s=decoded[anchor][1] if anchor in decoded else None,
+                anchor_missing=absent, rate=f"{batch / step:.1f} tok/s ({fraction:.0%} of ceiling)", rate_fraction=fraction,
+                gflop=None, note=f"{weight_bytes / 1e6:.1f} MB a step", peak_goal=0.7 if goals else None,
+                goal=1.0 if goals and (dtype.startswith("gguf") or anchor == "CTranslate2") else None))
         prefill_anchor = anchors["llama.cpp"][0] if "llama.cpp" in anchors and batch == 1 else None
         out.append(dict(
             workload=f"Prefill, {prompt_len} tokens x batch {batch} (time to first token)", backend=backend, dtype=dtype,

@@ -201,3 +201,17 @@ def test_quantized_rows_pair_each_dtype_with_its_anchor_and_ceiling():
     assert prefill8["anchor_s"] is None and prefill8["anchor_missing"] == "batch 1 only"
     alone = quantized.bench_rows(measured[:1], {"llama.cpp": "not installed"}, "torch", 128, 20e9)
     assert alone[0]["anchor_s"] is None and alone[0]["anchor_missing"] == "not installed"
+
+
+def test_quantized_steps_timed_below_zero_make_no_row_numbers():
+    """On a busy machine an n-token run can time below the 1-token run: that step is 'timing invalid',
+    not clamped to ~1e-9 s (a ratio of millions)."""
+    import quantized
+
+    assert quantized.valid_median([0.02, -0.01, 0.03]) == 0.03 and quantized.valid_median([0.02, -0.01, -0.03]) is None
+    measured = [("attnkit torch", "gguf", 1, 100e6, 0.2, None), ("attnkit torch", "int8", 1, 150e6, 0.3, 0.02),
+                ("llama.cpp", "file's blocks", 1, 100e6, 0.4, None)]
+    decode, prefill, decode_int8, _ = quantized.bench_rows(measured, {}, "torch", 128, 20e9)
+    assert decode["attnkit_s"] is None and "timing invalid" in decode["note"]
+    assert prefill["attnkit_s"] == 0.2 and prefill["anchor_s"] == 0.4  # the first token is still timed
+    assert decode_int8["anchor_s"] is None and "timing invalid" in decode_int8["anchor_missing"]

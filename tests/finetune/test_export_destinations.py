@@ -46,6 +46,12 @@ def test_export_refuses_the_base_directory_and_drops_a_stale_adapter(tiny_dir, t
         export(full, out)
     export(full, out, force=True)  # the LoRA run's adapter beside the full run's weights would be another run's update
     assert not os.path.exists(os.path.join(out, "adapter"))
+    user = tmp_path / "notes.txt"
+    user.write_text("mine")
+    for force in (False, True):  # before, --force said only "[Errno 17] File exists"
+        with pytest.raises(FileExistsError, match="exists and is not a directory"):
+            export(lora, str(user), force=force)
+    assert user.read_text() == "mine"
 
 
 def test_weights_that_diverge_end_the_run_instead_of_writing_a_nan_model(tiny_dir, tmp_path):

@@ -22,6 +22,8 @@ def export(directory, out, force=False):
     directory, out = os.path.abspath(directory), os.path.abspath(out)
     summary = read_summary(directory)
     settings = summary["settings"]
+    if os.path.lexists(out) and not os.path.isdir(out):  # --force replaces a model directory, never a file
+        raise FileExistsError(f"{out} exists and is not a directory; export writes a model directory")
     if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)) and not force:
         raise FileExistsError(f"{out} already exists; pass --force to replace it")
     if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "config.json")):
