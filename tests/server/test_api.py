@@ -135,6 +135,23 @@ def test_bad_requests_are_400_naming_the_field(client, options, param):
     assert raised.value.body["type"] == "invalid_request_error" and raised.value.body["message"]
 
 
+@pytest.mark.parametrize("options, param", [
+    (dict(logprobs=0), "logprobs"),  # the completions API's 0: the sampled tokens' own logprobs, not "none"
+    (dict(best_of=True), "best_of"),  # a boolean, not the integer 1
+    (dict(echo=0), "echo"),
+])
+def test_a_completion_field_equal_to_its_default_only_in_python_is_refused(client, options, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model="tiny", prompt="Hello", max_tokens=2, **options)
+    assert raised.value.body["param"] == param and repr(options[param]) in raised.value.body["message"]
+
+
+def test_fields_at_their_default_are_accepted(client):
+    client.completions.create(model="tiny", prompt="Hello", max_tokens=2, logprobs=None, echo=False, best_of=1,
+                              frequency_penalty=0.0, presence_penalty=0)
+    client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, logprobs=False, top_logprobs=0,
+                                   response_format={"type": "text"}, tool_choice="none")
+
 def test_invalid_json_and_a_body_over_the_limit(served):
     port = served[0].port
     status, _, body = raw(port, "POST", "/v1/chat/completions", b'{"model": "tiny",', {"Content-Type": "application/json"})

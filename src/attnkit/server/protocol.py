@@ -45,6 +45,14 @@ _NEUTRAL = {
     "echo": (False, None), "best_of": (1, None), "suffix": (None,), "function_call": (None, "none"),
     "modalities": (None,), "prediction": (None,), "audio": (None,), "reasoning_effort": (None,),
 }
+_NEUTRAL["response_format"] += ({"type": "text"},)  # the API's default format, spelled out
+
+
+def _neutral(value, defaults):
+    """Whether `value` is one of `defaults` as JSON means it: a boolean is not a number (Python's
+    0 == False, True == 1 would take the completions API's `logprobs: 0`, which asks for the sampled
+    tokens' log probabilities, as `false`), while 0 and 0.0 are one number."""
+    return any(value == d and isinstance(value, bool) == isinstance(d, bool) for d in defaults)
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options"}
 
 
@@ -53,7 +61,7 @@ def _check_fields(body, allowed):
         if key in allowed or key in _IGNORED:
             continue
         if key in _NEUTRAL:
-            if value in _NEUTRAL[key] or value in ({}, []):
+            if _neutral(value, _NEUTRAL[key]) or value in ({}, []):
                 continue
             raise bad(key, f"`{key}` is not supported by this server (only its default). Received: {key}={value!r}", "unsupported_parameter")
         raise bad(key, f"Unknown field `{key}`.", "unknown_parameter")
