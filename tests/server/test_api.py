@@ -193,6 +193,20 @@ def test_an_api_key_is_required_when_set(lm):
         assert openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0).models.list().data[0].id == "tiny"
 
 
+
+def test_with_an_api_key_a_wildcard_bind_answers_the_machine_s_other_names(lm):
+    # `--host 0.0.0.0 --api-key K`: clients elsewhere name the machine by its address or DNS name, which
+    # the server cannot list; a DNS-rebinding page cannot send the key, so the key guards instead.
+    app, engine, state = build(lm, lm_name="tiny", context=2048, host="0.0.0.0", api_key="s3cret")
+    with serving_in_thread(app, engine, state) as server:
+        port = server.port
+        for host in (f"192.0.2.7:{port}", f"gpu-box.lan:{port}"):
+            status, _, body = raw(port, "GET", "/v1/models", headers={"Host": host, "Authorization": "Bearer s3cret"})
+            assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny"
+            assert raw(port, "GET", "/v1/models", headers={"Host": host})[0] == 401
+        status, _, body = raw(port, "GET", "/v1/models", headers={"Origin": "http://evil.example", "Authorization": "Bearer s3cret"})
+        assert status == 403 and error_of(body)["code"] == "origin_refused"
+
 def test_a_full_queue_is_429_with_retry_after(lm):
     app, engine, state = build(lm, lm_name="tiny", context=2048, max_batch=1, max_queue=1)
     release = threading.Event()
