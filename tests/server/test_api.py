@@ -110,6 +110,18 @@ def test_embeddings_are_the_pipeline_s_in_float_and_base64(client, encoder):
     assert floats.usage.prompt_tokens == int(encoder.tokenize(texts)[1].sum())
 
 
+
+def test_an_embedding_input_over_the_model_s_length_is_400_not_truncated(client, encoder):
+    # The OpenAI API refuses it; cut silently, the vector would be the first max_length tokens' only.
+    long = "hi " * (encoder.max_length + 5)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.embeddings.create(model="tiny-bert", input=["fine", long])
+    body = raised.value.body
+    assert body["param"] == "input[1]" and body["code"] == "context_length_exceeded"
+    assert str(encoder.max_length) in body["message"]
+    fits = client.embeddings.create(model="tiny-bert", input="hi " * (encoder.max_length - 2), encoding_format="float")
+    assert fits.usage.prompt_tokens == encoder.max_length
+
 def test_models_and_health(client, served):
     assert [m.id for m in client.models.list().data] == ["tiny", "tiny-bert"]
     status, _, body = raw(served[0].port, "GET", "/health")

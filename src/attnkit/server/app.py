@@ -102,7 +102,13 @@ def create_app(engine, *, lm=None, lm_name=None, context=None, encoder=None, enc
         body = await _body(request)
         name = model_name(body, [state.encoder_name] if encoder else [])
         texts, fmt = embedding_inputs(body)
-        vectors, tokens = await _run(engine, lambda: (encoder.encode(texts), int(encoder.tokenize(texts)[1].sum())))
+        lengths = await _run(engine, lambda: _token_counts(encoder, texts))
+        for i, n in enumerate(lengths):
+            if n > encoder.max_length:
+                raise ApiError(400, f"This model's maximum input length is {encoder.max_length} tokens; `input[{i}]` has {n}.",
+                               f"input[{i}]", "context_length_exceeded")
+        vectors = await _run(engine, lambda: encoder.encode(texts))
+        tokens = sum(lengths)
         data = [
             {"object": "embedding", "index": i,
              "embedding": base64.b64encode(np.asarray(v, "<f4").tobytes()).decode() if fmt == "base64" else v.tolist()}
@@ -113,6 +119,13 @@ def create_app(engine, *, lm=None, lm_name=None, context=None, encoder=None, enc
     if explorer is not None:
         _explorer_routes(app, engine, explorer)
     return Guard(app, host=host, api_key=api_key, max_body=max_body)
+
+
+def _token_counts(encoder, texts):
+    """Each text's tokens, [CLS] and [SEP] included, untruncated: the pipeline cuts a text at the model's
+    maximum (with a warning on the server's stderr), the OpenAI API refuses it; cut, the client would get
+    the vector of its first `max_length` tokens as the whole text's."""
+    return [len(e.ids) for e in encoder.tokenizer.encode_batch(texts)]
 
 
 def _names(state):
