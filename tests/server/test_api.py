@@ -219,6 +219,22 @@ def test_with_an_api_key_a_wildcard_bind_answers_the_machine_s_other_names(lm):
         status, _, body = raw(port, "GET", "/v1/models", headers={"Origin": "http://evil.example", "Authorization": "Bearer s3cret"})
         assert status == 403 and error_of(body)["code"] == "origin_refused"
 
+
+def test_while_shutting_down_every_model_route_is_503(lm, encoder):
+    app, engine, state = build(lm, lm_name="tiny", context=2048, encoder=encoder, encoder_name="tiny-bert")
+    with serving_in_thread(app, engine, state) as server:
+        with engine.condition:
+            engine.closing = True  # as the stop signal leaves it while requests drain
+        url = f"http://127.0.0.1:{server.port}/v1"
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        for call in (lambda: client.embeddings.create(model="tiny-bert", input="hi"),
+                     lambda: client.completions.create(model="tiny", prompt="hi", max_tokens=2)):
+            with pytest.raises(openai.APIStatusError) as raised:
+                call()
+            assert raised.value.status_code == 503 and raised.value.body["code"] == "shutting_down"
+        with engine.condition:
+            engine.closing = False
+
 def test_a_full_queue_is_429_with_retry_after(lm):
     app, engine, state = build(lm, lm_name="tiny", context=2048, max_batch=1, max_queue=1)
     release = threading.Event()

@@ -26,6 +26,7 @@ from attnkit.explorer.contract import to_json
 from attnkit.explorer.page import render_page
 from attnkit.explorer.sources.checks import BadInput, check_text
 from attnkit.server import completions
+from attnkit.server.engine import Closed
 from attnkit.server.protocol import (
     ApiError, chat_messages, completion_prompt, embedding_inputs, model_name, parse_json, sampling,
 )
@@ -147,9 +148,14 @@ async def _body(request):
 
 
 async def _run(engine, function):
-    """`function()` in the engine's thread; a failure is a 500 naming it, bad input (ValueError) a 400."""
+    """`function()` in the engine's thread; a failure is a 500 naming it, bad input (ValueError) a 400, an
+    engine shutting down a 503 as the completion routes answer (it was a 500 "The model failed: Closed")."""
     try:
-        return await asyncio.wrap_future(engine.call(function))
+        future = engine.call(function)
+    except Closed as e:
+        raise ApiError(503, f"{e}.", None, "shutting_down", "server_error") from None
+    try:
+        return await asyncio.wrap_future(future)
     except (BadInput, ValueError, TypeError) as e:
         raise ApiError(400, str(e).splitlines()[0] if str(e) else type(e).__name__, "input") from None
     except Exception as e:  # noqa: BLE001 - the client gets the failure as a message
