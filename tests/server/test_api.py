@@ -128,6 +128,23 @@ def test_models_and_health(client, served):
     assert status == 200 and json.loads(body)["status"] == "ok"
 
 
+
+def test_a_message_s_name_reaches_the_chat_template(lm):
+    template = "{% for m in messages %}<{{ m.role }}{% if m.name %} {{ m.name }}{% endif %}>{{ m.content }}\n{% endfor %}<assistant>"
+    saved, lm.chat_template = lm.chat_template, template
+    try:
+        app, engine, state = build(lm, lm_name="tiny", context=2048)
+        with serving_in_thread(app, engine, state) as server:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0)
+            named = [{"role": "user", "content": "Hello", "name": "Bob"}]
+            reply = client.chat.completions.create(model="tiny", messages=named, max_tokens=1, temperature=0)
+            assert reply.usage.prompt_tokens == len(lm.encode("<user Bob>Hello\n<assistant>", add_special_tokens=False))
+            with pytest.raises(openai.BadRequestError) as raised:
+                client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi", "name": 3}])
+            assert raised.value.body["param"] == "messages[0].name"
+    finally:
+        lm.chat_template = saved
+
 @pytest.mark.parametrize("options, param", [
     (dict(model="gpt-4", messages=MESSAGES), "model"),
     (dict(model="tiny", messages=[]), "messages"),

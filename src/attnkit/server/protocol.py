@@ -150,6 +150,13 @@ def chat_messages(body):
         if unknown:
             raise bad(where, f"Unsupported field(s) of `{where}`: {sorted(unknown)}", "unsupported_parameter")
         out.append({"role": "system" if role == "developer" else role, "content": content})
+        # `name` goes to the template as transformers passes it (was accepted and dropped: a template
+        # that writes the speaker's name never saw it)
+        name = message.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise bad(f"{where}.name", f"`{where}.name` must be a string. Received: {name!r}"[:300], "invalid_type")
+            out[-1]["name"] = name
     return out
 
 
