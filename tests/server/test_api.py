@@ -198,6 +198,17 @@ def test_invalid_json_and_a_body_over_the_limit(served):
     assert status == 404 and error_of(body)["code"] == "404"
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", '{"model": "tiny", "prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}', "messages"),
+    ("/v1/embeddings", '{"model": "tiny-bert", "input": ["ok", "\\ud83d"]}', "input"),
+])
+def test_a_lone_surrogate_escape_is_400_naming_the_field(served, path, body, param):
+    # JSON's \ud800 without its pair decodes to no text: the tokenizer's TypeError was a bare 500
+    status, _, answer = raw(served[0].port, "POST", path, body=body.encode(), headers={"Content-Type": "application/json"})
+    assert status == 400 and error_of(answer)["param"] == param and "surrogate" in error_of(answer)["message"]
+
+
 def test_foreign_hosts_and_origins_are_refused_and_no_cors_is_granted(served):
     port = served[0].port
     status, _, body = raw(port, "GET", "/v1/models", headers={"Host": f"evil.example:{port}"})

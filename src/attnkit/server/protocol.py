@@ -34,6 +34,14 @@ def parse_json(raw):
         raise ApiError(400, f"The request body is not valid UTF-8 JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object. Received: {type(body).__name__}", code="invalid_json")
+    for key, value in body.items():
+        # JSON's \ud800 escape without its pair decodes to a str that is not text: the tokenizer raised
+        # TypeError on it (a bare 500 from /v1/completions)
+        try:
+            json.dumps([key, value], ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise bad(key, f"`{key}` holds a lone UTF-16 surrogate escape ({e.object[e.start:e.end]!r}), which is not text.",
+                      "invalid_json") from None
     return body
 
 
