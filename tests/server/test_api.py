@@ -215,6 +215,9 @@ def test_foreign_hosts_and_origins_are_refused_and_no_cors_is_granted(served):
     assert status == 403 and error_of(body)["code"] == "host_refused"
     status, _, body = raw(port, "GET", "/v1/models", headers={"Origin": "http://evil.example"})
     assert status == 403 and error_of(body)["code"] == "origin_refused"
+    for host in (f"LOCALHOST:{port}", f"LocalHost:{port}"):  # a host name is case-insensitive (RFC 3986)
+        status, _, body = raw(port, "GET", "/v1/models", headers={"Host": host, "Origin": f"http://{host}"})
+        assert status == 200, body
     status, headers, _ = raw(port, "GET", "/v1/models", headers={"Origin": f"http://localhost:{port}", "Host": f"localhost:{port}"})
     assert status == 200 and not any(k.lower().startswith("access-control") for k in headers)
     status, headers, _ = raw(port, "OPTIONS", "/v1/chat/completions", headers={"Access-Control-Request-Method": "POST"})

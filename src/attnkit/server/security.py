@@ -65,6 +65,9 @@ class Guard:
 
     def _refusal(self, scope):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        for name in ("host", "origin"):  # host names are case-insensitive: LOCALHOST:8000 was 403
+            if name in headers:
+                headers[name] = headers[name].lower()
         port = scope.get("server", (None, None))[1]
         allowed = {f"{name}:{port}" for name in self.names}
         host = headers.get("host")
