@@ -110,11 +110,40 @@ def test_embeddings_are_the_pipeline_s_in_float_and_base64(client, encoder):
     assert floats.usage.prompt_tokens == int(encoder.tokenize(texts)[1].sum())
 
 
+
+def test_an_embedding_input_over_the_model_s_length_is_400_not_truncated(client, encoder):
+    # The OpenAI API refuses it; cut silently, the vector would be the first max_length tokens' only.
+    long = "hi " * (encoder.max_length + 5)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.embeddings.create(model="tiny-bert", input=["fine", long])
+    body = raised.value.body
+    assert body["param"] == "input[1]" and body["code"] == "context_length_exceeded"
+    assert str(encoder.max_length) in body["message"]
+    fits = client.embeddings.create(model="tiny-bert", input="hi " * (encoder.max_length - 2), encoding_format="float")
+    assert fits.usage.prompt_tokens == encoder.max_length
+
 def test_models_and_health(client, served):
     assert [m.id for m in client.models.list().data] == ["tiny", "tiny-bert"]
     status, _, body = raw(served[0].port, "GET", "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
 
+
+
+def test_a_message_s_name_reaches_the_chat_template(lm):
+    template = "{% for m in messages %}<{{ m.role }}{% if m.name %} {{ m.name }}{% endif %}>{{ m.content }}\n{% endfor %}<assistant>"
+    saved, lm.chat_template = lm.chat_template, template
+    try:
+        app, engine, state = build(lm, lm_name="tiny", context=2048)
+        with serving_in_thread(app, engine, state) as server:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0)
+            named = [{"role": "user", "content": "Hello", "name": "Bob"}]
+            reply = client.chat.completions.create(model="tiny", messages=named, max_tokens=1, temperature=0)
+            assert reply.usage.prompt_tokens == len(lm.encode("<user Bob>Hello\n<assistant>", add_special_tokens=False))
+            with pytest.raises(openai.BadRequestError) as raised:
+                client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi", "name": 3}])
+            assert raised.value.body["param"] == "messages[0].name"
+    finally:
+        lm.chat_template = saved
 
 @pytest.mark.parametrize("options, param", [
     (dict(model="gpt-4", messages=MESSAGES), "model"),
@@ -135,6 +164,23 @@ def test_bad_requests_are_400_naming_the_field(client, options, param):
     assert raised.value.body["type"] == "invalid_request_error" and raised.value.body["message"]
 
 
+@pytest.mark.parametrize("options, param", [
+    (dict(logprobs=0), "logprobs"),  # the completions API's 0: the sampled tokens' own logprobs, not "none"
+    (dict(best_of=True), "best_of"),  # a boolean, not the integer 1
+    (dict(echo=0), "echo"),
+])
+def test_a_completion_field_equal_to_its_default_only_in_python_is_refused(client, options, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model="tiny", prompt="Hello", max_tokens=2, **options)
+    assert raised.value.body["param"] == param and repr(options[param]) in raised.value.body["message"]
+
+
+def test_fields_at_their_default_are_accepted(client):
+    client.completions.create(model="tiny", prompt="Hello", max_tokens=2, logprobs=None, echo=False, best_of=1,
+                              frequency_penalty=0.0, presence_penalty=0)
+    client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, logprobs=False, top_logprobs=0,
+                                   response_format={"type": "text"}, tool_choice="none")
+
 def test_invalid_json_and_a_body_over_the_limit(served):
     port = served[0].port
     status, _, body = raw(port, "POST", "/v1/chat/completions", b'{"model": "tiny",', {"Content-Type": "application/json"})
@@ -152,12 +198,26 @@ def test_invalid_json_and_a_body_over_the_limit(served):
     assert status == 404 and error_of(body)["code"] == "404"
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", '{"model": "tiny", "prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}', "messages"),
+    ("/v1/embeddings", '{"model": "tiny-bert", "input": ["ok", "\\ud83d"]}', "input"),
+])
+def test_a_lone_surrogate_escape_is_400_naming_the_field(served, path, body, param):
+    # JSON's \ud800 without its pair decodes to no text: the tokenizer's TypeError was a bare 500
+    status, _, answer = raw(served[0].port, "POST", path, body=body.encode(), headers={"Content-Type": "application/json"})
+    assert status == 400 and error_of(answer)["param"] == param and "surrogate" in error_of(answer)["message"]
+
+
 def test_foreign_hosts_and_origins_are_refused_and_no_cors_is_granted(served):
     port = served[0].port
     status, _, body = raw(port, "GET", "/v1/models", headers={"Host": f"evil.example:{port}"})
     assert status == 403 and error_of(body)["code"] == "host_refused"
     status, _, body = raw(port, "GET", "/v1/models", headers={"Origin": "http://evil.example"})
     assert status == 403 and error_of(body)["code"] == "origin_refused"
+    for host in (f"LOCALHOST:{port}", f"LocalHost:{port}"):  # a host name is case-insensitive (RFC 3986)
+        status, _, body = raw(port, "GET", "/v1/models", headers={"Host": host, "Origin": f"http://{host}"})
+        assert status == 200, body
     status, headers, _ = raw(port, "GET", "/v1/models", headers={"Origin": f"http://localhost:{port}", "Host": f"localhost:{port}"})
     assert status == 200 and not any(k.lower().startswith("access-control") for k in headers)
     status, headers, _ = raw(port, "OPTIONS", "/v1/chat/completions", headers={"Access-Control-Request-Method": "POST"})
@@ -175,6 +235,36 @@ def test_an_api_key_is_required_when_set(lm):
         assert raw(server.port, "GET", "/health")[0] == 200
         assert openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0).models.list().data[0].id == "tiny"
 
+
+
+def test_with_an_api_key_a_wildcard_bind_answers_the_machine_s_other_names(lm):
+    # `--host 0.0.0.0 --api-key K`: clients elsewhere name the machine by its address or DNS name, which
+    # the server cannot list; a DNS-rebinding page cannot send the key, so the key guards instead.
+    app, engine, state = build(lm, lm_name="tiny", context=2048, host="0.0.0.0", api_key="s3cret")
+    with serving_in_thread(app, engine, state) as server:
+        port = server.port
+        for host in (f"192.0.2.7:{port}", f"gpu-box.lan:{port}"):
+            status, _, body = raw(port, "GET", "/v1/models", headers={"Host": host, "Authorization": "Bearer s3cret"})
+            assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny"
+            assert raw(port, "GET", "/v1/models", headers={"Host": host})[0] == 401
+        status, _, body = raw(port, "GET", "/v1/models", headers={"Origin": "http://evil.example", "Authorization": "Bearer s3cret"})
+        assert status == 403 and error_of(body)["code"] == "origin_refused"
+
+
+def test_while_shutting_down_every_model_route_is_503(lm, encoder):
+    app, engine, state = build(lm, lm_name="tiny", context=2048, encoder=encoder, encoder_name="tiny-bert")
+    with serving_in_thread(app, engine, state) as server:
+        with engine.condition:
+            engine.closing = True  # as the stop signal leaves it while requests drain
+        url = f"http://127.0.0.1:{server.port}/v1"
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        for call in (lambda: client.embeddings.create(model="tiny-bert", input="hi"),
+                     lambda: client.completions.create(model="tiny", prompt="hi", max_tokens=2)):
+            with pytest.raises(openai.APIStatusError) as raised:
+                call()
+            assert raised.value.status_code == 503 and raised.value.body["code"] == "shutting_down"
+        with engine.condition:
+            engine.closing = False
 
 def test_a_full_queue_is_429_with_retry_after(lm):
     app, engine, state = build(lm, lm_name="tiny", context=2048, max_batch=1, max_queue=1)

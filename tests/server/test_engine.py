@@ -138,3 +138,20 @@ def test_a_closing_engine_takes_no_new_request_and_finishes_those_running(lm):
     assert done.is_set() and running.tokens == solo(lm, [3, 4], 5)
     with pytest.raises(Closed, match="shutting down"):
         engine.submit(Generation([1], 2, lambda e: None, lm.decode))
+
+
+
+@pytest.mark.parametrize("stop, tail, text, finish", [
+    (["\ufffd"], "€!", "é€!", "length"),  # each incomplete character decodes to U+FFFD for a token: not a stop
+    (["€"], "€!", "é", "stop"),
+    (["\ufffd"], None, "é", "stop"),  # a lone continuation byte then "a": U+FFFD for good, a stop
+])
+def test_a_stop_string_is_sought_in_whole_characters_only(lm, stop, tail, text, finish):
+    encode = lambda s: lm.encode(s, add_special_tokens=False)  # noqa: E731 - byte-level: one id a byte
+    ids = encode("é") + (encode(tail) if tail else [encode("©")[1]] + encode("a"))
+    events = []
+    generation = Generation([1], len(ids), events.append, lm.decode, stop=stop)
+    for token in ids:
+        if not generation.done:
+            generation.accept(token)
+    assert "".join(e.piece for e in events) == text and events[-1].finish == finish

@@ -43,15 +43,17 @@ class TextPieces:
         self.ids.append(int(token))
         # the whole text each time: a token's bytes may complete a character begun by earlier tokens
         text = self.decode(self.ids)
-        # A stop string may end in this token's text but begin in the held-back tail of earlier ones.
-        found = [i for i in (text.find(s, max(self.shown - len(s), 0)) for s in self.stop) if i >= 0]
+        whole = len(text)
+        while whole > self.shown and text[whole - 1] == "\ufffd":
+            whole -= 1  # an incomplete UTF-8 character: wait for its next byte
+        # A stop string may end in this token's text but begin in the held-back tail of earlier ones. It
+        # is sought in whole characters only: an incomplete one's U+FFFD is not text yet (a stop string
+        # holding U+FFFD stopped "é" at its first byte).
+        found = [i for i in (text.find(s, max(self.shown - len(s), 0), whole) for s in self.stop) if i >= 0]
         if found:
             self.text, self.stopped = text[: min(found)], True
             return self._upto(len(self.text))
         self.text = text
-        whole = len(text)
-        while whole > self.shown and text[whole - 1] == "\ufffd":
-            whole -= 1  # an incomplete UTF-8 character: wait for its next byte
         safe = max(whole - self.hold, self.shown)  # held: whole characters (the incomplete one may end a stop string)
         # What was shown stands: a longer list's text starts with a shorter list's up to its last whole
         # character (byte-level decoding, tested by hypothesis; Metaspace / ByteFallback + Fuse + Strip

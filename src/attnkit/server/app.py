@@ -26,6 +26,7 @@ from attnkit.explorer.contract import to_json
 from attnkit.explorer.page import render_page
 from attnkit.explorer.sources.checks import BadInput, check_text
 from attnkit.server import completions
+from attnkit.server.engine import Closed
 from attnkit.server.protocol import (
     ApiError, chat_messages, completion_prompt, embedding_inputs, model_name, parse_json, sampling,
 )
@@ -102,7 +103,13 @@ def create_app(engine, *, lm=None, lm_name=None, context=None, encoder=None, enc
         body = await _body(request)
         name = model_name(body, [state.encoder_name] if encoder else [])
         texts, fmt = embedding_inputs(body)
-        vectors, tokens = await _run(engine, lambda: (encoder.encode(texts), int(encoder.tokenize(texts)[1].sum())))
+        lengths = await _run(engine, lambda: _token_counts(encoder, texts))
+        for i, n in enumerate(lengths):
+            if n > encoder.max_length:
+                raise ApiError(400, f"This model's maximum input length is {encoder.max_length} tokens; `input[{i}]` has {n}.",
+                               f"input[{i}]", "context_length_exceeded")
+        vectors = await _run(engine, lambda: encoder.encode(texts))
+        tokens = sum(lengths)
         data = [
             {"object": "embedding", "index": i,
              "embedding": base64.b64encode(np.asarray(v, "<f4").tobytes()).decode() if fmt == "base64" else v.tolist()}
@@ -113,6 +120,13 @@ def create_app(engine, *, lm=None, lm_name=None, context=None, encoder=None, enc
     if explorer is not None:
         _explorer_routes(app, engine, explorer)
     return Guard(app, host=host, api_key=api_key, max_body=max_body)
+
+
+def _token_counts(encoder, texts):
+    """Each text's tokens, [CLS] and [SEP] included, untruncated: the pipeline cuts a text at the model's
+    maximum (with a warning on the server's stderr), the OpenAI API refuses it; cut, the client would get
+    the vector of its first `max_length` tokens as the whole text's."""
+    return [len(e.ids) for e in encoder.tokenizer.encode_batch(texts)]
 
 
 def _names(state):
@@ -134,9 +148,14 @@ async def _body(request):
 
 
 async def _run(engine, function):
-    """`function()` in the engine's thread; a failure is a 500 naming it, bad input (ValueError) a 400."""
+    """`function()` in the engine's thread; a failure is a 500 naming it, bad input (ValueError) a 400, an
+    engine shutting down a 503 as the completion routes answer (it was a 500 "The model failed: Closed")."""
     try:
-        return await asyncio.wrap_future(engine.call(function))
+        future = engine.call(function)
+    except Closed as e:
+        raise ApiError(503, f"{e}.", None, "shutting_down", "server_error") from None
+    try:
+        return await asyncio.wrap_future(future)
     except (BadInput, ValueError, TypeError) as e:
         raise ApiError(400, str(e).splitlines()[0] if str(e) else type(e).__name__, "input") from None
     except Exception as e:  # noqa: BLE001 - the client gets the failure as a message

@@ -34,6 +34,14 @@ def parse_json(raw):
         raise ApiError(400, f"The request body is not valid UTF-8 JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object. Received: {type(body).__name__}", code="invalid_json")
+    for key, value in body.items():
+        # JSON's \ud800 escape without its pair decodes to a str that is not text: the tokenizer raised
+        # TypeError on it (a bare 500 from /v1/completions)
+        try:
+            json.dumps([key, value], ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise bad(key, f"`{key}` holds a lone UTF-16 surrogate escape ({e.object[e.start:e.end]!r}), which is not text.",
+                      "invalid_json") from None
     return body
 
 
@@ -45,6 +53,14 @@ _NEUTRAL = {
     "echo": (False, None), "best_of": (1, None), "suffix": (None,), "function_call": (None, "none"),
     "modalities": (None,), "prediction": (None,), "audio": (None,), "reasoning_effort": (None,),
 }
+_NEUTRAL["response_format"] += ({"type": "text"},)  # the API's default format, spelled out
+
+
+def _neutral(value, defaults):
+    """Whether `value` is one of `defaults` as JSON means it: a boolean is not a number (Python's
+    0 == False, True == 1 would take the completions API's `logprobs: 0`, which asks for the sampled
+    tokens' log probabilities, as `false`), while 0 and 0.0 are one number."""
+    return any(value == d and isinstance(value, bool) == isinstance(d, bool) for d in defaults)
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options"}
 
 
@@ -53,7 +69,7 @@ def _check_fields(body, allowed):
         if key in allowed or key in _IGNORED:
             continue
         if key in _NEUTRAL:
-            if value in _NEUTRAL[key] or value in ({}, []):
+            if _neutral(value, _NEUTRAL[key]) or value in ({}, []):
                 continue
             raise bad(key, f"`{key}` is not supported by this server (only its default). Received: {key}={value!r}", "unsupported_parameter")
         raise bad(key, f"Unknown field `{key}`.", "unknown_parameter")
@@ -142,6 +158,13 @@ def chat_messages(body):
         if unknown:
             raise bad(where, f"Unsupported field(s) of `{where}`: {sorted(unknown)}", "unsupported_parameter")
         out.append({"role": "system" if role == "developer" else role, "content": content})
+        # `name` goes to the template as transformers passes it (was accepted and dropped: a template
+        # that writes the speaker's name never saw it)
+        name = message.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise bad(f"{where}.name", f"`{where}.name` must be a string. Received: {name!r}"[:300], "invalid_type")
+            out[-1]["name"] = name
     return out
 
 

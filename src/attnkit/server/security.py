@@ -2,7 +2,10 @@
 
 - Host: only the server's own names (127.0.0.1, localhost, [::1], the bound address, each with the
   port the request came to), 403 otherwise: a web page reaching the server through DNS rebinding
-  sends its own name, as the explorer refuses it (`attnkit.explorer.server`).
+  sends its own name, as the explorer refuses it (`attnkit.explorer.server`). With an API key any Host
+  is served: such a page cannot send the key, and clients elsewhere name a machine bound to 0.0.0.0 by
+  addresses and DNS names the server cannot list (all were 403, so `--host 0.0.0.0 --api-key K`
+  answered no one but this machine).
 - Origin: a browser's cross-origin request (an Origin other than http://<an allowed Host>) is 403; no
   CORS header is ever sent, so no page elsewhere may read an answer.
 - Authorization: with an API key, every path but /health needs `Authorization: Bearer <key>`
@@ -62,11 +65,15 @@ class Guard:
 
     def _refusal(self, scope):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        for name in ("host", "origin"):  # host names are case-insensitive: LOCALHOST:8000 was 403
+            if name in headers:
+                headers[name] = headers[name].lower()
         port = scope.get("server", (None, None))[1]
         allowed = {f"{name}:{port}" for name in self.names}
         host = headers.get("host")
-        if host not in allowed:
-            return _error(403, f"Host {host!r} refused: this server answers to {sorted(allowed)} (DNS rebinding)", "host_refused")
+        if host not in allowed and self.api_key is None:
+            return _error(403, f"Host {host!r} refused: this server answers to {sorted(allowed)} (DNS rebinding; "
+                          "with an API key, --api-key, it answers to any name)", "host_refused")
         origin = headers.get("origin")
         if origin is not None and origin not in {f"http://{name}" for name in allowed}:
             return _error(403, f"Origin {origin!r} refused: cross-origin requests are not served", "origin_refused")
