@@ -42,7 +42,7 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
             An --output-dir that cannot be created, before the first step.
     """
     settings = dict(
-        data=os.path.abspath(train_file), eval=eval_file and os.path.abspath(eval_file),
+        data=os.path.abspath(train_file), data_sha256=_sha256(train_file), eval=eval_file and os.path.abspath(eval_file),
         model=os.path.abspath(model) if model is not None else default_causal_lm_path(),
         lora_rank=positive_int("lora_rank", lora_rank), lora_alpha=positive_float("lora_alpha", lora_alpha),
         lora_targets=lora.parse_targets(lora_targets), epochs=positive_int("epochs", epochs),
@@ -102,6 +102,19 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
         with engine.saving_directory(output_dir) as directory:
             write_outputs(lm, directory, settings, state["history"])
     return state["history"]
+
+
+def _sha256(path):
+    """The training file's digest, kept with the checkpoint: --resume with the file edited (lines
+    added, removed or fixed) took other batches than the interrupted run, skipping and repeating
+    examples, and the schedule of another length, without a word."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _create(output_dir):
