@@ -110,3 +110,16 @@ def test_a_chat_opening_with_the_assistant_is_refused_by_its_line(lm, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"messages": CHATS[0]}, {"messages": [{"role": "assistant", "content": "hi"}]}])
     with pytest.raises(ValueError, match=r"d\.jsonl, line 2: field \"messages\": the chat opens with the assistant's turn"):
         data.encode_file(lm, path, 256)
+
+
+def test_prompt_completion_and_text_are_refused_without_a_stop_token(lm, tmp_path):
+    """They were learned with no end token, silently: a model taught never to stop."""
+    stops = lm.stop_ids
+    lm.stop_ids = []
+    try:
+        for record in ({"prompt": "Q: ", "completion": "A"}, {"text": "abc"}):
+            with pytest.raises(ValueError, match="line 3: the model has no stop token"):
+                data.encode(lm, record, 64, "d.jsonl, line 3")
+        data.encode(lm, {"messages": CHATS[0]}, 512)  # the template ends the turn
+    finally:
+        lm.stop_ids = stops

@@ -26,6 +26,15 @@ def test_an_output_dir_that_is_a_file_is_refused_before_training(tiny_dir, tmp_p
     assert steps == [] and user.read_text() == "mine"
 
 
+def test_an_output_dir_that_cannot_be_created_is_refused_before_training(tiny_dir, tmp_path):
+    """It was found at the first checkpoint: an epoch's training lost to a bare '[Errno 20] Not a directory'."""
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(2))
+    steps = []
+    with pytest.raises(ValueError, match=r"--output-dir .*train.jsonl/out cannot be created \(Not a directory\)"):
+        finetune(train, str(tmp_path / "train.jsonl" / "out"), model=tiny_dir, on_step=steps.append, **SETTINGS)
+    assert steps == []
+
+
 def test_export_refuses_the_base_directory_and_drops_a_stale_adapter(tiny_dir, tmp_path):
     base = str(tmp_path / "base")
     shutil.copytree(tiny_dir, base)

@@ -71,6 +71,14 @@ def test_resume_after_an_interruption_ends_as_one_run(run, tiny_dir):
         finetune(run["train"], cut, model=tiny_dir, save_every=1, on_step=stop, **SETTINGS)
     with pytest.raises(ValueError, match="--resume: the checkpoint .* was written with lora_rank=4"):
         finetune(run["train"], cut, model=tiny_dir, resume=True, **{**SETTINGS, "lora_rank": 2})
+    with open(run["train"], "rb") as f:
+        kept = f.read()
+    with open(run["train"], "ab") as f:  # an edited file took other batches, silently
+        f.write(b'{"text": "one more"}\n')
+    with pytest.raises(ValueError, match="--resume: .*train.jsonl has changed since the checkpoint"):
+        finetune(run["train"], cut, model=tiny_dir, resume=True, **SETTINGS)
+    with open(run["train"], "wb") as f:
+        f.write(kept)
     finetune(run["train"], cut, model=tiny_dir, resume=True, **SETTINGS)
     from safetensors.numpy import load_file
 

@@ -44,3 +44,27 @@ def test_a_model_no_written_family_expresses_is_refused():
     lm = types.SimpleNamespace(model=model)
     with pytest.raises(ValueError, match="activation='gelu_tanh', norm_offset=1.0"):
         model_config(lm)
+
+
+@pytest.mark.parametrize("generation, defaults", [
+    ({"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 0}, {"temperature": 0.6, "top_k": None, "top_p": 0.9}),
+    ({"do_sample": True, "repetition_penalty": 1.1}, {"temperature": 1.0, "top_k": 50, "top_p": None, "repetition_penalty": 1.1}),
+    ({"temperature": 0.7}, {"temperature": 0.0}),  # no do_sample: greedy, and written so
+])
+def test_the_base_models_decoding_defaults_survive_the_written_directory(tiny_dir, tmp_path, generation, defaults):
+    """A written generation_config.json without "do_sample" made a base that samples at 0.6 greedy in
+    attnkit (`attnkit chat --model DIR`) and in transformers."""
+    base = tmp_path / "base"
+    base.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"):
+        (base / name).write_bytes((pathlib.Path(tiny_dir) / name).read_bytes())
+    (base / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": 258}))
+    assert load_causal_lm(str(base)).generation_defaults == defaults
+    out = tmp_path / "out"
+    write_model_directory(load_causal_lm(str(base)), str(out))
+    assert load_causal_lm(str(out)).generation_defaults == defaults
+    theirs = transformers.GenerationConfig.from_pretrained(out)
+    assert theirs.do_sample == (defaults["temperature"] > 0)
+    for key in ("temperature", "top_p", "repetition_penalty"):
+        if defaults.get(key):
+            assert getattr(theirs, key) == defaults[key]

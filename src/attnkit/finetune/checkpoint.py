@@ -56,6 +56,9 @@ def check_settings(directory, saved, current):
     """Refuses resuming with settings other than the checkpoint's, except those in RESUMABLE."""
     for key in current:
         if key not in RESUMABLE and saved.get(key) != current[key]:
+            if key == "data_sha256" and saved.get(key) and saved.get("data") == current["data"]:
+                raise ValueError(f"--resume: {current['data']} has changed since the checkpoint in {directory} was written "
+                                 "(its SHA-256 differs); resume with the data the run began with, or start a new --output-dir")
             raise ValueError(
                 f"--resume: the checkpoint in {directory} was written with {key}={saved.get(key)!r}; this run has "
                 f"{key}={current[key]!r}. Resume with the same settings (only {', '.join(RESUMABLE)} may change)"

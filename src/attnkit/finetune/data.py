@@ -100,7 +100,8 @@ def encode(lm, record, max_length, where="example"):
     IGNORE elsewhere (the shift to next-token targets happens in `batches`).
 
     Raises:
-        ValueError: a chat the template refuses, more than `max_length` tokens, or no token to learn, naming `where`.
+        ValueError: a chat the template refuses, more than `max_length` tokens, no token to learn, or a
+            prompt/completion or text example for a model without a stop token, naming `where`.
     """
     tok = lm.tokenizer
     end = lm.stop_ids[:1]  # the end token the model must learn to produce after a prompt/text
@@ -113,6 +114,11 @@ def encode(lm, record, max_length, where="example"):
         ids = list(encoding.ids)
         # a token is the assistant's when it starts inside an assistant span
         learn = [any(s <= start < e for s, e in spans) for start, _ in encoding.offsets]
+    elif not end:
+        # Without one the example would be learned with no end, silently: a model that never stops.
+        raise ValueError(f"{where}: the model has no stop token (eos_token_id is null in its config.json or "
+                         "generation_config.json), so a prompt/completion or text example cannot be taught to end; "
+                         "set eos_token_id, or use the \"messages\" form, whose chat template ends each turn")
     elif "prompt" in record:
         prompt = tok.encode(record["prompt"]).ids
         completion = tok.encode(record["completion"], add_special_tokens=False).ids + end

@@ -91,7 +91,7 @@ def write_model_directory(lm, directory, weights=None):
     weights = merged_weights(lm.model) if weights is None else weights
     if lm.model.tie_embeddings:
         weights.pop("lm_head.weight", None)
-    generation = {**lm.generation_defaults, "eos_token_id": config["eos_token_id"], "pad_token_id": lm.pad_id}
+    generation = {**generation_fields(lm.generation_defaults), "eos_token_id": config["eos_token_id"], "pad_token_id": lm.pad_id}
     if "bos_token_id" in config:
         generation["bos_token_id"] = config["bos_token_id"]
     replace_files(directory, {
@@ -101,6 +101,25 @@ def write_model_directory(lm, directory, weights=None):
         "tokenizer_config.json": lambda path: _json(path, tokenizer_config(lm)),
         "generation_config.json": lambda path: _json(path, generation),
     })
+
+
+def generation_fields(defaults):
+    """generation_config.json's fields of attnkit's generation defaults (temperature 0 = greedy, top_k
+    None = no filter, top_p None = 1), as `read_generation_defaults` and transformers read them back.
+
+    The defaults are not the file's fields: transformers samples only with "do_sample": true (a bare
+    temperature is ignored, with a warning), and attnkit reads a file without it as greedy, so a base
+    model that sampled at its temperature would come back greedy in attnkit and in transformers."""
+    fields = {}
+    if defaults.get("repetition_penalty", 1) != 1:
+        fields["repetition_penalty"] = defaults["repetition_penalty"]
+    temperature = defaults.get("temperature") or 0.0
+    if temperature == 0:
+        return {"do_sample": False, **fields}
+    fields.update(do_sample=True, temperature=temperature, top_k=defaults.get("top_k") or 0)  # 0: no top-k, in both
+    if defaults.get("top_p") is not None:
+        fields["top_p"] = defaults["top_p"]
+    return fields
 
 
 def _json(path, data):

@@ -39,9 +39,10 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
     Raises:
         ValueError: a bad line of the data (file, line, field), bad settings, an output directory that
             holds files without --resume, a --resume whose settings differ from the checkpoint's.
+            An --output-dir that cannot be created, before the first step.
     """
     settings = dict(
-        data=os.path.abspath(train_file), eval=eval_file and os.path.abspath(eval_file),
+        data=os.path.abspath(train_file), data_sha256=_sha256(train_file), eval=eval_file and os.path.abspath(eval_file),
         model=os.path.abspath(model) if model is not None else default_causal_lm_path(),
         lora_rank=positive_int("lora_rank", lora_rank), lora_alpha=positive_float("lora_alpha", lora_alpha),
         lora_targets=lora.parse_targets(lora_targets), epochs=positive_int("epochs", epochs),
@@ -90,6 +91,8 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
             with engine.saving_directory(output_dir) as directory:
                 checkpoint.save(directory, model_, settings, s)
 
+        if engine.rank == 0:  # only process 0 writes it
+            _create(output_dir)
         log(f"{len(train)} examples, {steps} steps; {sum(int(math.prod(v.shape)) for v in model_.trainable_variables):,} trainable weights")
         state = training.run(
             model_, train, epochs=settings["epochs"], batch_size=settings["batch_size"], pad_id=lm.pad_id, seed=settings["seed"],
@@ -99,6 +102,28 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
         with engine.saving_directory(output_dir) as directory:
             write_outputs(lm, directory, settings, state["history"])
     return state["history"]
+
+
+def _sha256(path):
+    """The training file's digest, kept with the checkpoint: --resume with the file edited (lines
+    added, removed or fixed) took other batches than the interrupted run, skipping and repeating
+    examples, and the schedule of another length, without a word."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _create(output_dir):
+    """--output-dir made before the first step: one that cannot be (a parent that is a file, no
+    permission) failed at the first checkpoint, after an epoch's training, as a bare OSError."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--output-dir {output_dir} cannot be created ({e.strerror}); choose a directory that can") from None
 
 
 def write_outputs(lm, output_dir, settings, history):
