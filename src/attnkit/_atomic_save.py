@@ -19,6 +19,7 @@ the caller's own files that the new set no longer holds (docs/decisions.md item 
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import signal
@@ -28,6 +29,16 @@ import threading
 from attnkit._interrupts import raise_if_pressed
 
 STAGING_PREFIX, BACKUP_PREFIX, PROBE_PREFIX = ".attnkit-new-", ".attnkit-old-", ".attnkit-probe-"
+
+
+def file_sha256(path):
+    """The SHA-256 of the file at `path` (64 hex digits), read in 1 MiB blocks: what a saved file is
+    checked against (the translator's model.keras; a fine-tuning run's training file on --resume)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check_replaceable(directory, names):

@@ -9,7 +9,6 @@
 Legend: N examples, S source length, T target length (including the start or end token).
 """
 
-import hashlib
 import json
 import os
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 import keras
 import numpy as np
 
-from attnkit._atomic_save import replace_files
+from attnkit._atomic_save import file_sha256, replace_files
 from attnkit._keras_saving import save_model
 from attnkit._seed import set_random_seed
 from attnkit.distributed import data_parallel_plan, single_device_plan
@@ -204,7 +203,7 @@ class DateTranslator:
             meta = {
                 "alphabet": self.tokenizer.alphabet,
                 "source_length": self.source_length,
-                "model_sha256": _sha256(os.path.join(os.path.dirname(path), MODEL_FILE)),
+                "model_sha256": file_sha256(os.path.join(os.path.dirname(path), MODEL_FILE)),
             }
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(meta, f, indent=2)
@@ -231,7 +230,7 @@ class DateTranslator:
         alphabet, source_length, digest = _read_meta(meta_path)
         if not zipfile.is_zipfile(model_path):
             raise ValueError(f"{model_path}: not a Keras model archive (truncated or corrupt?)")
-        if digest is not None and digest != _sha256(model_path):
+        if digest is not None and digest != file_sha256(model_path):
             raise ValueError(
                 f"{meta_path}: `model_sha256` does not match {model_path}: the two files are not from the same "
                 "save (an interrupted copy, or one of them replaced)"
@@ -311,14 +310,6 @@ def _read_meta(path):
     if digest is not None and not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= set("0123456789abcdef")):
         raise ValueError(f"{path}: `model_sha256` must be 64 lowercase hex digits. Received: model_sha256={digest!r}")
     return alphabet, source_length, digest
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _load_model(path):

@@ -14,7 +14,7 @@ import os
 
 import keras
 
-from attnkit._atomic_save import replace_files
+from attnkit._atomic_save import file_sha256, replace_files
 from attnkit._validation import positive_float, positive_int
 from attnkit.distributed.engines import SingleEngine
 from attnkit.finetune import checkpoint, data, lora, training
@@ -41,8 +41,9 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
             holds files without --resume, a --resume whose settings differ from the checkpoint's.
             An --output-dir that cannot be created, before the first step.
     """
+    # data_sha256: --resume on an edited file would take other batches and another schedule (decision 159)
     settings = dict(
-        data=os.path.abspath(train_file), data_sha256=_sha256(train_file), eval=eval_file and os.path.abspath(eval_file),
+        data=os.path.abspath(train_file), data_sha256=file_sha256(train_file), eval=eval_file and os.path.abspath(eval_file),
         model=os.path.abspath(model) if model is not None else default_causal_lm_path(),
         lora_rank=positive_int("lora_rank", lora_rank), lora_alpha=positive_float("lora_alpha", lora_alpha),
         lora_targets=lora.parse_targets(lora_targets), epochs=positive_int("epochs", epochs),
@@ -102,19 +103,6 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
         with engine.saving_directory(output_dir) as directory:
             write_outputs(lm, directory, settings, state["history"])
     return state["history"]
-
-
-def _sha256(path):
-    """The training file's digest, kept with the checkpoint: --resume with the file edited (lines
-    added, removed or fixed) took other batches than the interrupted run, skipping and repeating
-    examples, and the schedule of another length, without a word."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _create(output_dir):
