@@ -95,6 +95,10 @@ def test_errors_are_one_line(run, tiny_dir, capsys, tmp_path):
     assert main(["finetune", "--data", run["train"], "--model", tiny_dir, "--output-dir", run["out"]]) == 1  # not empty
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "line 2: field \"prompt\" must be a string" in err[0] and "already holds files" in err[1]
+    for data, why in ((tmp_path / "absent.jsonl", "No such file"), (tmp_path, "Is a directory")):
+        assert main(["finetune", "--data", str(data), "--model", tiny_dir, "--output-dir", str(tmp_path / "o2")]) == 1
+        assert f"--data {data} cannot be read ({why}" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
 
 
 def test_export_replaces_an_existing_directory_only_with_force(run, capsys):

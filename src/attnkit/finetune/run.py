@@ -43,7 +43,7 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
     """
     # data_sha256: --resume on an edited file would take other batches and another schedule (decision 159)
     settings = dict(
-        data=os.path.abspath(train_file), data_sha256=file_sha256(train_file), eval=eval_file and os.path.abspath(eval_file),
+        data=os.path.abspath(train_file), data_sha256=_digest(train_file), eval=eval_file and os.path.abspath(eval_file),
         model=os.path.abspath(model) if model is not None else default_causal_lm_path(),
         lora_rank=positive_int("lora_rank", lora_rank), lora_alpha=positive_float("lora_alpha", lora_alpha),
         lora_targets=lora.parse_targets(lora_targets), epochs=positive_int("epochs", epochs),
@@ -103,6 +103,14 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
         with engine.saving_directory(output_dir) as directory:
             write_outputs(lm, directory, settings, state["history"])
     return state["history"]
+
+
+def _digest(train_file):
+    """The training file's SHA-256; a file that cannot be read named by its flag (was a bare "[Errno 2]")."""
+    try:
+        return file_sha256(train_file)
+    except OSError as e:
+        raise ValueError(f"--data {train_file} cannot be read ({e.strerror})") from None
 
 
 def _create(output_dir):
