@@ -90,6 +90,16 @@ def test_completions_sample_reproducibly_with_their_seed(client, lm):
     assert client.completions.create(**{**options, "seed": 6}).choices[0].text != want
 
 
+def test_a_completion_without_max_tokens_stops_at_16_tokens_and_a_chat_does_not(client, lm):
+    # OpenAI's completions API defaults `max_tokens` to 16; a chat reply runs to its end or the context
+    reply = client.completions.create(model="tiny", prompt="abc", temperature=0)
+    want = solo(lm, lm.encode("abc"), 16)
+    assert reply.choices[0].text == lm.decode(want) and reply.usage.completion_tokens == len(want)
+    assert len(want) < 16 or reply.choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0)
+    assert chat.usage.completion_tokens > 16 or chat.choices[0].finish_reason == "stop"
+
+
 def test_a_stop_string_ends_the_text_before_it(client, lm):
     text = lm.decode(solo(lm, lm.encode("abc"), 16))
     stop = text[5:7]
@@ -146,7 +156,6 @@ def test_a_message_s_name_reaches_the_chat_template(lm):
         lm.chat_template = saved
 
 @pytest.mark.parametrize("options, param", [
-    (dict(model="gpt-4", messages=MESSAGES), "model"),
     (dict(model="tiny", messages=[]), "messages"),
     (dict(model="tiny", messages=[{"role": "user", "content": 3}]), "messages[0].content"),
     (dict(model="tiny", messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role"),
@@ -162,6 +171,22 @@ def test_bad_requests_are_400_naming_the_field(client, options, param):
         client.chat.completions.create(**options)
     assert raised.value.status_code == 400 and raised.value.body["param"] == param
     assert raised.value.body["type"] == "invalid_request_error" and raised.value.body["message"]
+
+
+def test_an_unknown_model_is_404_on_every_route(client):
+    # OpenAI's API answers an unknown model with 404 `model_not_found`, which its client raises as
+    # NotFoundError (a 400 made clients report a malformed request)
+    calls = [
+        lambda: client.chat.completions.create(model="gpt-4", messages=MESSAGES, max_tokens=2),
+        lambda: client.completions.create(model="gpt-4", prompt="Hello", max_tokens=2),
+        lambda: client.embeddings.create(model="gpt-4", input="Hello"),
+        lambda: client.models.retrieve("gpt-4"),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as raised:
+            call()
+        assert raised.value.status_code == 404 and raised.value.body["code"] == "model_not_found"
+        assert raised.value.body["param"] == "model" and "tiny" in raised.value.body["message"]
 
 
 @pytest.mark.parametrize("options, param", [

@@ -97,8 +97,11 @@ def model_name(body, known):
     if not isinstance(name, str):
         raise bad("model", f"`model` must be a string naming a model; this server has {sorted(known)}. Received: model={name!r}", "invalid_type")
     if name not in known:
-        raise ApiError(400, f"The model `{name}` does not exist here; this server has {sorted(known)}.", "model", "model_not_found")
+        raise ApiError(404, f"The model `{name}` does not exist here; this server has {sorted(known)}.", "model", "model_not_found")
     return name
+
+
+COMPLETION_MAX_TOKENS = 16  # `/v1/completions` without `max_tokens`
 
 
 def sampling(body, chat):
@@ -106,6 +109,9 @@ def sampling(body, chat):
     options = {}
     length_key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     options["max_tokens"] = _typed(body, length_key, lambda v: _integer(v) and v >= 1, "an integer >= 1")
+    if not chat and options["max_tokens"] is None:
+        # OpenAI's completions API (and vLLM's) default to 16 tokens; chat's reply runs to its end
+        options["max_tokens"] = COMPLETION_MAX_TOKENS
     options["max_tokens_field"] = length_key
     options["temperature"] = _typed(body, "temperature", lambda v: _number(v) and 0 <= v <= 2, "a number from 0 to 2")
     options["top_p"] = _typed(body, "top_p", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]")
