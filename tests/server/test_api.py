@@ -277,7 +277,10 @@ def test_with_an_api_key_a_wildcard_bind_answers_the_machine_s_other_names(lm):
 
 
 def test_while_shutting_down_every_model_route_is_503(lm, encoder):
-    app, engine, state = build(lm, lm_name="tiny", context=2048, encoder=encoder, encoder_name="tiny-bert")
+    from attnkit.explorer.sources.causal_lm import CausalLMSource
+
+    app, engine, state = build(lm, lm_name="tiny", context=2048, encoder=encoder, encoder_name="tiny-bert",
+                               explorer=CausalLMSource(lm, "tiny", max_new_tokens=3))
     with serving_in_thread(app, engine, state) as server:
         with engine.condition:
             engine.closing = True  # as the stop signal leaves it while requests drain
@@ -288,6 +291,8 @@ def test_while_shutting_down_every_model_route_is_503(lm, encoder):
             with pytest.raises(openai.APIStatusError) as raised:
                 call()
             assert raised.value.status_code == 503 and raised.value.body["code"] == "shutting_down"
+        status, _, body = raw(server.port, "GET", "/explore/api/attention?text=hi")  # the explorer's page too
+        assert status == 503 and "shutting down" in json.loads(body)["error"]
         with engine.condition:
             engine.closing = False
 

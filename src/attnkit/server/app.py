@@ -178,6 +178,8 @@ def _explorer_routes(app, engine, source):
             return json_response({"error": str(e)}, 400)
         try:
             return json_response(await asyncio.wrap_future(engine.call(lambda: source.attention(text))))
+        except Closed as e:  # shutting down: a 503, as the API's routes answer
+            return json_response({"error": f"{e}."}, 503)
         except BadInput as e:
             return json_response({"error": str(e)}, 400)
         except Exception as e:  # noqa: BLE001 - the page shows every failure as a message
