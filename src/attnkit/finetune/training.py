@@ -21,10 +21,17 @@ class TokenLoss(keras.losses.Loss):
     """Cross-entropy of the logits (B, L, V) against targets (B, L), summed over the tokens weighted by
     `sample_weight` (B, L) (`token_weights`: 1 / count on each learned token, so the loss is the mean
     over a batch's learned tokens, transformers' causal-LM loss). A call without weights is refused:
-    the sum alone is no loss anybody means."""
+    the sum alone is no loss anybody means.
 
-    def __init__(self, name="token_loss", **kwargs):
+    With `head`, the `CausalLM` compiled with this loss (`prepare`), a training step's predictions are
+    its normed hidden states (B, L, d_model) (`CausalLM.loss_projects`): they are projected here with
+    `head.logits_of`, on torch at the learned tokens only (`kernels.learned_rows`; docs/decisions.md
+    item 160). An evaluation's predictions are the logits, as without `head`; their width tells the
+    two apart (`loss_projects` holds only where d_model != V)."""
+
+    def __init__(self, head=None, name="token_loss", **kwargs):
         super().__init__(name=name, reduction="sum", **kwargs)
+        self.head = head
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         if sample_weight is None:
@@ -33,15 +40,26 @@ class TokenLoss(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         targets = ops.cast(y_true, "int32")  # Keras hands targets over as floats
-        keep = ops.not_equal(targets, data.IGNORE)
-        # On 2-D logits (B L, V): Keras's torch path moves a 3-D input's classes to axis 1 for
-        # torch's loss, a copy of the (B, L, V) logits and a log-softmax over a strided axis.
-        vocabulary = ops.shape(y_pred)[-1]
-        logits = ops.reshape(ops.cast(y_pred, "float32"), (-1, vocabulary))  # (B L, V)
+        keep = ops.not_equal(targets, data.IGNORE)  # (B, L)
         ids = ops.reshape(ops.where(keep, targets, 0), (-1,))  # (B L,)
+        width, rows = y_pred.shape[-1], None
+        if self.head is not None and self.head.loss_projects and width == self.head.d_model:
+            # Keras's Loss cast the hidden states to float32: back to the compute dtype (exact), in which
+            # the model's own forward projects them
+            hidden = ops.cast(ops.reshape(y_pred, (-1, width)), self.head.compute_dtype)  # (B L, d_model)
+            rows = kernels.learned_rows(ops.reshape(keep, (-1,)))  # (K,) or None: every row
+            if rows is not None:
+                hidden, ids = ops.take(hidden, rows, axis=0), ops.take(ids, rows, axis=0)  # (K, d_model), (K,)
+            logits = self.head.logits_of(hidden)  # (K or B L, V)
+        else:
+            # On 2-D logits (B L, V): Keras's torch path moves a 3-D input's classes to axis 1 for
+            # torch's loss, a copy of the (B, L, V) logits and a log-softmax over a strided axis.
+            logits = ops.reshape(ops.cast(y_pred, "float32"), (-1, width))  # (B L, V)
         per_token = kernels.token_cross_entropy(ids, logits)  # torch: one pass over the logits each way
         if per_token is None:
             per_token = ops.sparse_categorical_crossentropy(ids, logits, from_logits=True)
+        if rows is not None:
+            per_token = kernels.spread_rows(rows, per_token, targets.shape[0] * targets.shape[1])  # (B L,)
         return ops.reshape(per_token, ops.shape(targets)) * ops.cast(keep, "float32")  # (B, L)
 
 
@@ -99,7 +117,9 @@ def prepare(lm, *, full=False, targets=("q", "k", "v", "o", "gate", "up", "down"
     # jax compiles the step for each padded length; tensorflow too, one function per shape (`PerShape`),
     # without XLA, inside which the token ids' check cannot run
     tensorflow = keras.backend.backend() == "tensorflow"
-    model.compile(optimizer=optimizer, loss=TokenLoss(), jit_compile=False if tensorflow else "auto")
+    # A training step's loss projects the hidden states itself, at the learned tokens where it can
+    # (`TokenLoss`, `CausalLM.loss_projects`)
+    model.compile(optimizer=optimizer, loss=TokenLoss(head=model), jit_compile=False if tensorflow else "auto")
     if tensorflow:
         model.train_function, model.test_function = PerShape(model, model.train_step), PerShape(model, model.test_step)
         _eagerly(model, lambda: model.make_predict_function(force=True))  # predict's batches: any size

@@ -13,6 +13,7 @@ the same numbers. Which kernel takes which inputs:
 | `linear(x, kernel, bias, activation)` | `torch_linear`: oneDNN's linear (prepacked, fused bias and activation) or one GEMM | None (XLA fuses) | `tensorflow_linear`: grappler's fused matmul | linear, onednn |
 | `lora_linear(x, kernel, bias, a, b, scale)` | one autograd Function: the scale and both sums inside the GEMMs | None | None | lora |
 | `token_cross_entropy(targets, logits)` | one autograd Function: a log-sum-exp per row, softmax - one-hot in one pass | None | None | cross_entropy |
+| `learned_rows(keep)`, `spread_rows(rows, values, n)` | the kept rows' indices (a shape known at run time), and values put back at them | None | None | cross_entropy |
 | `times_transposed(x, weight)` | one `F.linear` (oneDNN where it takes it) | einsum | einsum | linear |
 | `gelu_erf(y)` | GELU's erf form, any backend | | | linear |
 | `layer_norm`, `tensorflow_layer_norm`, `rms_norm` | torch's functional norms, half precision in float32 row chunks | None | one XLA-compiled norm inside a `tf.function` | norms |
@@ -42,7 +43,7 @@ from attnkit.kernels.layouts import (
     split_last,
 )
 from attnkit.kernels.linear import gelu_erf, linear, tensorflow_linear, times_transposed, torch_linear
-from attnkit.kernels.cross_entropy import token_cross_entropy
+from attnkit.kernels.cross_entropy import learned_rows, spread_rows, token_cross_entropy
 from attnkit.kernels.lora import lora_linear
 from attnkit.kernels.norms import layer_norm, rms_norm, tensorflow_layer_norm
 from attnkit.kernels.products import einsum, matmul, times_keys, times_mask
@@ -51,8 +52,8 @@ from attnkit.kernels.tensor_checks import all_finite, if_finite, is_torch_tensor
 
 __all__ = [
     "all_finite", "attention", "concat_last", "concat_rows", "einsum", "fuses_projections", "gelu_erf", "has_kernel", "if_finite",
-    "is_torch_tensor", "jax_bfloat16", "layer_norm", "linear", "lora_linear", "matmul", "memory_efficient", "merge_heads",
-    "project_from_heads", "project_into_heads", "projects_into_heads", "rms_norm", "rotate", "split_heads",
+    "is_torch_tensor", "jax_bfloat16", "layer_norm", "learned_rows", "linear", "lora_linear", "matmul", "memory_efficient", "merge_heads",
+    "project_from_heads", "project_into_heads", "projects_into_heads", "rms_norm", "rotate", "split_heads", "spread_rows",
     "split_last", "tensorflow_layer_norm", "tensorflow_linear", "times_keys", "times_mask", "times_transposed", "token_cross_entropy",
     "torch_linear", "value_of",
 ]

@@ -47,6 +47,29 @@ def token_cross_entropy(targets, logits):
     return TokenCrossEntropy.apply(logits, targets.long())
 
 
+def learned_rows(keep):
+    """The indices (K,) of the True entries of `keep` (N,) bool, or None: torch only, outside
+    `torch.compile`, and only when some entry is False (all rows learned: nothing to select).
+
+    A chat's loss learns the assistant's tokens only, ~20% of a padded batch: the vocabulary
+    projection (a fifth of a small model's products) and the cross-entropy are then taken on those
+    rows alone. jax and tensorflow compile shapes known before the values, and project every row."""
+    if keras.backend.backend() != "torch":
+        return None
+    import torch
+
+    keep = tensor_checks.value_of(keep)
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or keep.dim() != 1 or torch.compiler.is_compiling():
+        return None
+    rows = keep.nonzero().squeeze(1)  # (K,)
+    return None if rows.shape[0] == keep.shape[0] else rows
+
+
+def spread_rows(rows, values, n):
+    """(n,) zeros with `values` (K,) at `rows` (K,) from `learned_rows` (torch; differentiable in values)."""
+    return values.new_zeros(n).index_copy(0, rows, values)
+
+
 def _token_cross_entropy_class():
     import torch
     from torch.autograd.function import once_differentiable

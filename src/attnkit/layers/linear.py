@@ -39,8 +39,12 @@ class Linear(keras.layers.Dense):
             scale = self.lora_alpha / self.lora_rank
             y = kernels.lora_linear(inputs, self._kernel, self.bias, self.lora_kernel_a, self.lora_kernel_b, scale)
             if y is None:
-                update = keras.ops.matmul(keras.ops.matmul(inputs, self.lora_kernel_a), self.lora_kernel_b)  # (..., d_out)
-                y = linear(inputs, self._kernel, self.bias) + scale * update
+                y = linear(inputs, self._kernel, self.bias)  # (..., d_out)
+                a, b = self.lora_kernel_a, self.lora_kernel_b  # float32 (Keras's LoRA) under any policy
+                update = keras.ops.matmul(keras.ops.matmul(keras.ops.cast(inputs, a.dtype), a), b)  # (..., d_out)
+                # PEFT's sum in the adapter's dtype, rounded to the layer's: a bfloat16 model's
+                # activations stayed float32 after the first LoRA projection (tensorflow refused the sum)
+                y = keras.ops.cast(keras.ops.cast(y, update.dtype) + scale * update, y.dtype)
             return self.activation(y)
         fused = _FUSED_ACTIVATIONS.get(self.activation, "other")
         if fused != "other":

@@ -101,9 +101,15 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
         last_only: return the logits of the last position only, (B, 1, V). Default False.
         attention_layer: optional layer index whose attention weights (B, h, T, S) to return too, or
             "all" for a list of every layer's (the explorer's view of cached decoding).
+        training: Keras's flag. Compiled with a loss that projects (`loss_projects`), a training call
+            without a cache returns the final hidden states instead of the logits (below).
 
     Returns:
         logits (B, T, V) in float32 (or (B, 1, V)), and the weights when `attention_layer` is given.
+        With `loss_projects` (compiled by `attnkit.finetune.training.prepare`) and `training=True`, as
+        Keras's `fit` and `train_on_batch` call it: the normed hidden states (B, T, d_model), which the
+        loss projects with `logits_of`, only at the tokens it learns where the backend allows a
+        shape known at run time (docs/decisions.md item 160).
 
     Raises:
         ValueError: bad sizes, an unimplemented RoPE scaling, token ids of the wrong rank, a cache
@@ -186,7 +192,7 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
             self.compute_dtype,
         )
 
-    def call(self, token_ids, attention_mask=None, cache=None, last_only=False, attention_layer=None):
+    def call(self, token_ids, attention_mask=None, cache=None, last_only=False, attention_layer=None, training=None):
         # Out-of-range ids are refused here, before the cache's bookkeeping moves: jax's lookup would
         # clamp them without a word.
         token_ids = check_token_ids(token_ids, self.vocab_size, float("inf"), "token_ids")  # (B, T)
@@ -234,17 +240,19 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
             logits = _torch_decoding.forward(self, token_ids, cos, sin, keeps, causals, cache, start, last_only)
             if logits is not None:
                 return logits
-        logits, weights = self._forward(token_ids, cos, sin, keeps, causals, cache, start, last_only, wanted)
+        hidden_only = bool(training) and self.loss_projects and cache is None and not wanted and not last_only
+        logits, weights = self._forward(token_ids, cos, sin, keeps, causals, cache, start, last_only, wanted, hidden_only)
         if attention_layer is None:
             return logits
         if cache is not None and cache.attended != cache.length:
             weights = [w[..., : cache.length] for w in weights]  # (B, h, T, S): the filled slots only
         return logits, (weights if attention_layer == "all" else weights[0])
 
-    def _forward(self, token_ids, cos, sin, keeps, causals, cache, start, last_only, wanted=()):
-        """The layers, after `call` did the bookkeeping on the host: logits (B, T or 1, V) float32 and the
-        weights of the layers in `wanted`. Every input is a tensor or fixed by the call's shapes, so jax
-        can compile it (`_compiled_call`)."""
+    def _forward(self, token_ids, cos, sin, keeps, causals, cache, start, last_only, wanted=(), hidden_only=False):
+        """The layers, after `call` did the bookkeeping on the host: logits (B, T or 1, V) float32 (the
+        normed hidden states (B, T, d_model) with `hidden_only`) and the weights of the layers in
+        `wanted`. Every input is a tensor or fixed by the call's shapes, so jax can compile it
+        (`_compiled_call`)."""
         x = self.embed(self.embedding(token_ids))  # (B, T, d_model)
         weights = []
         for i, layer in enumerate(self.decoder_layers):
@@ -259,11 +267,23 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
         if last_only:
             x = x[:, -1:]  # (B, 1, d_model)
         x = call_sublayer(self.final_norm, x)
+        return (x if hidden_only else self.logits_of(x)), weights
+
+    @property
+    def loss_projects(self):
+        """Whether a training call returns the hidden states: the model is compiled with a loss that
+        projects them itself (`TokenLoss(head=self)`), and d_model != V tells them from logits.
+        Compiled with any other loss, the model gives that loss its logits."""
+        return getattr(getattr(self, "loss", None), "head", None) is self and self.d_model != self.vocab_size
+
+    def logits_of(self, x):
+        """The logits (..., V) float32 of normed hidden states x (..., d_model) in the compute dtype:
+        x W_vocab, W_vocab the embedding matrix transposed when tied."""
         if self.lm_head is None:
-            logits = kernels.times_transposed(x, embedding_table(self.embedding, x.dtype))  # (B, T, V)
+            logits = kernels.times_transposed(x, embedding_table(self.embedding, x.dtype))  # (..., V)
         else:
             logits = call_sublayer(self.lm_head, x)
-        return ops.cast(logits, "float32"), weights
+        return ops.cast(logits, "float32")
 
     def embed(self, x):
         """The looked-up embeddings x (B, T, d_model) times `embedding_scale` in x's dtype (Gemma's
