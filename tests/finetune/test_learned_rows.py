@@ -49,6 +49,20 @@ def test_the_step_equals_the_step_on_the_model_s_logits(tiny_dir, full):
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
 
 
+def test_a_batch_that_learns_no_token_steps_nothing(tiny_dir):
+    """A process's share of a small last batch can be padding rows only: no row to project (K = 0),
+    a zero loss and no change to the weights."""
+    lm = load_causal_lm(tiny_dir)
+    model = training.prepare(lm, targets=TARGETS, rank=4, alpha=8, optimizer=keras.optimizers.SGD(0.5), seed=2)
+    before = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    inputs, targets = data.collate([data.encode(lm, r, 128) for r in date_chats(2, seed=5)], lm.pad_id)
+    targets[:] = data.IGNORE
+    weights = training.token_weights(targets)
+    assert float(model.train_on_batch(inputs, targets, sample_weight=weights, return_dict=True)["loss"]) == 0.0
+    for got, want in zip(model.trainable_variables, before):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(got), want)
+
+
 def test_bfloat16_hidden_states_are_projected_in_bfloat16(tiny_dir):
     """Keras's Loss casts its predictions to float32: the loss casts them back (exactly), so that the
     projection runs in the model's compute dtype as its own forward does."""
