@@ -105,6 +105,28 @@ def test_another_loss_compiled_in_gets_the_logits(tiny_dir):
     assert np.isfinite(loss) and loss > 1.0  # a random tiny model's cross-entropy over 259 classes (~log 259)
 
 
+def test_a_model_compiled_with_metrics_gives_them_and_the_loss_the_logits(tiny_dir):
+    """Keras hands a training step's predictions to the compiled metrics as well: with metrics, the
+    model returns logits and the loss takes them (an accuracy over d_model "classes" otherwise)."""
+    lm = load_causal_lm(tiny_dir)
+    model = training.prepare(lm, targets=TARGETS, rank=4, alpha=8, optimizer=keras.optimizers.SGD(0.1))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=training.TokenLoss(head=model),
+                  weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+    assert not model.loss_projects
+    inputs, targets = data.collate([data.encode(lm, r, 128) for r in date_chats(2, seed=1)], lm.pad_id)
+    assert tuple(model(inputs, training=True).shape) == inputs.shape + (model.vocab_size,)
+    logs = model.train_on_batch(inputs, np.where(targets == data.IGNORE, 0, targets),
+                                sample_weight=training.token_weights(targets), return_dict=True)
+    assert np.isfinite(logs["loss"]) and 0.0 <= logs["accuracy"] <= 1.0
+
+
+def test_token_loss_round_trips_its_config_and_refuses_another_reduction():
+    loss = training.TokenLoss.from_config(training.TokenLoss(name="mine").get_config())
+    assert loss.name == "mine" and loss.reduction == "sum" and loss.head is None
+    with pytest.raises(ValueError, match="reduction"):
+        training.TokenLoss(reduction="mean")
+
+
 def test_evaluation_and_prediction_get_logits(tiny_dir):
     lm = load_causal_lm(tiny_dir)
     model = training.prepare(lm, targets=TARGETS, rank=4, alpha=8, optimizer=keras.optimizers.SGD(0.1))

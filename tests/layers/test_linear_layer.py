@@ -165,3 +165,21 @@ def test_int8_quantization_warns_where_xla_triton_gemm_runs_on_a_gpu(monkeypatch
     warned = any("xla_gpu_enable_triton_gemm=false" in str(w.message) for w in caught)
     assert warned == (keras.backend.backend() == "jax" and not xla_flags)
     assert layer.quantization_mode == "int8"
+
+
+def test_lora_keeps_a_float64_layer_in_float64_and_a_bfloat16_one_in_bfloat16(rng):
+    """Keras keeps LoRA's A and B in float32 under any policy: the update and the sum are taken in the
+    wider dtype (PEFT's order) and rounded to the layer's, never cut to float32 or left there."""
+    x = rng.normal(size=(3, D_IN))
+    cases = [("bfloat16", 3e-2)] + ([("float64", 1e-12)] if keras.backend.backend() != "jax" else [])  # jax: no x64
+    for dtype, tolerance in cases:
+        layer = Linear(D_OUT, dtype=dtype)
+        layer.build((None, D_IN))
+        layer.enable_lora(2, lora_alpha=3.0)
+        layer.lora_kernel_b.assign(rng.normal(size=layer.lora_kernel_b.shape).astype("float32"))
+        y = layer(keras.ops.convert_to_tensor(x, dtype))
+        assert keras.backend.standardize_dtype(y.dtype) == dtype
+        f64 = lambda t: keras.ops.convert_to_numpy(keras.ops.cast(t, "float64"))
+        want = f64(keras.ops.cast(x, dtype)) @ f64(layer._kernel) + f64(layer.bias) + 1.5 * (
+            f64(keras.ops.cast(x, dtype)) @ f64(layer.lora_kernel_a) @ f64(layer.lora_kernel_b))
+        np.testing.assert_allclose(f64(y), want, rtol=tolerance, atol=tolerance)

@@ -29,7 +29,10 @@ class TokenLoss(keras.losses.Loss):
     item 160). An evaluation's predictions are the logits, as without `head`; their width tells the
     two apart (`loss_projects` holds only where d_model != V)."""
 
-    def __init__(self, head=None, name="token_loss", **kwargs):
+    def __init__(self, name="token_loss", *, head=None, **kwargs):
+        reduction = kwargs.pop("reduction", "sum")  # in `get_config`'s dict: `from_config` passes it back
+        if reduction != "sum":
+            raise ValueError(f"TokenLoss sums its tokens weighted by `token_weights` (reduction \"sum\"). Received: reduction={reduction!r}")
         super().__init__(name=name, reduction="sum", **kwargs)
         self.head = head
 

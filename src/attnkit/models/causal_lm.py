@@ -272,9 +272,11 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
     @property
     def loss_projects(self):
         """Whether a training call returns the hidden states: the model is compiled with a loss that
-        projects them itself (`TokenLoss(head=self)`), and d_model != V tells them from logits.
-        Compiled with any other loss, the model gives that loss its logits."""
-        return getattr(getattr(self, "loss", None), "head", None) is self and self.d_model != self.vocab_size
+        projects them itself (`TokenLoss(head=self)`) and no metrics (Keras hands a step's
+        predictions to its metrics too), and d_model != V tells them from logits. Compiled otherwise,
+        the model gives its loss and metrics the logits."""
+        return (getattr(getattr(self, "loss", None), "head", None) is self and self.d_model != self.vocab_size
+                and getattr(self, "_compile_metrics", None) is None)
 
     def logits_of(self, x):
         """The logits (..., V) float32 of normed hidden states x (..., d_model) in the compute dtype:
