@@ -40,12 +40,9 @@ class Linear(keras.layers.Dense):
             y = kernels.lora_linear(inputs, self._kernel, self.bias, self.lora_kernel_a, self.lora_kernel_b, scale)
             if y is None:
                 y = linear(inputs, self._kernel, self.bias)  # (..., d_out)
-                # Keras keeps A and B in float32 (read in the compute dtype under a mixed policy): the
-                # update and the sum in the wider of the two dtypes (PEFT's float32 sum for a bfloat16
-                # layer, float64 for a float64 one), rounded to the layer's. A bfloat16 model's
-                # activations stayed float32 after its first LoRA projection (tensorflow refused the sum).
-                # (Keras's promotion takes float64 with float32 to float32, and its torch matmul
-                # multiplies float64 in float32: `kernels.matmul` keeps it.)
+                # Keras keeps A and B in float32: the update and the sum in float32 (PEFT's order; float64
+                # for a float64 layer, which Keras's promotion and torch matmul would cut to float32),
+                # rounded to the layer's dtype (docs/decisions.md item 160).
                 wide = "float64" if keras.backend.standardize_dtype(y.dtype) == "float64" else "float32"
                 a, b = (keras.ops.cast(w, wide) for w in (self.lora_kernel_a, self.lora_kernel_b))
                 update = kernels.matmul(kernels.matmul(keras.ops.cast(inputs, wide), a), b)  # (..., d_out)

@@ -41,7 +41,7 @@ def _host_mask(attention_mask, shape):
 
     The mask is Hugging Face's `attention_mask`: bool, or integers 0 (padding) and 1 (a real token).
     A float mask is refused, as everywhere in attnkit (README, "The mask convention"): HF's additive
-    masks (0 keep, -1e9 hide) would read inverted, and 0.5 has no meaning. Integers other than 0 and 1
+    masks (0 keep, a large negative number hide) would read inverted, and 0.5 has no meaning. Integers other than 0 and 1
     are refused too: the mask places positions and cache slots, and transformers' `generate` counts a
     2 as two positions (docs/decisions.md item 105).
 
