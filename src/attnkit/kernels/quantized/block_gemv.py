@@ -78,6 +78,15 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, activation
     return None if status == 1 else y
 
 
+def threads():
+    """The kernels' OpenMP threads where torch does not set them (jax, tensorflow): the CPUs this
+    process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
 def takes_scales(scale, offset=None):
     """Whether the kernels read these scales and offsets (torch tensors or None): float32, or float16
     both (GGUF's own, widened exactly in the kernels)."""
@@ -198,29 +207,16 @@ def build(flags=FLAGS):
     Raises:
         OSError: no compiler, or the compiler failed.
     """
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise OSError("no C compiler found: neither $CC nor `cc` is on PATH")
+    compiler = compiler_named("CC", "cc")
     source = b""
     for name in SOURCES:
         with open(name, "rb") as f:
             source += f.read()
-    key = hashlib.sha256(source + compiler.encode() + " ".join(flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
-    folder = os.path.join(os.environ.get("ATTNKIT_CACHE", os.path.expanduser("~/.cache/attnkit")), "kernels")
-    path = os.path.join(folder, f"block_gemv-{key}.so")
-    if not os.path.exists(path):
-        os.makedirs(folder, exist_ok=True)
-        # built aside and renamed into place: processes building at once each write their own file
-        handle, aside = tempfile.mkstemp(suffix=".so", dir=folder)
-        os.close(handle)
-        try:
-            subprocess.run([compiler, *flags, *(name for name in SOURCES if name.endswith(".c")), "-o", aside], check=True, capture_output=True, timeout=120)
-            os.replace(aside, path)
-        except subprocess.CalledProcessError as error:
-            raise OSError(f"{compiler} failed: {error.stderr.decode(errors='replace').strip()[:300]}") from None
-        finally:
-            if os.path.exists(aside):
-                os.remove(aside)
+
+    def compile_into(aside):
+        run_compiler([compiler, *flags, *(name for name in SOURCES if name.endswith(".c")), "-o", aside])
+
+    path = cached_library("block_gemv", source + compiler.encode() + " ".join(flags).encode(), compile_into)
     library = ctypes.CDLL(path)
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     library.block_gemv.argtypes = [pointer, i64, i64, pointer, pointer, pointer, ctypes.c_int, ctypes.c_int, ctypes.c_float, i64, i64, pointer, ctypes.c_int]
@@ -234,3 +230,69 @@ def build(flags=FLAGS):
     library.block_gemv_q8_rounded.argtypes = [pointer, i64, i64, pointer, ctypes.c_int]
     library.block_gemv_q8_rounded.restype = ctypes.c_int
     return library
+
+
+def compiler_named(variable, default):
+    """The compiler $variable names, else `default`, as a path.
+
+    Raises:
+        OSError: it is not on PATH.
+    """
+    compiler = shutil.which(os.environ.get(variable, default))
+    if compiler is None:
+        raise OSError(f"no compiler found: neither ${variable} nor `{default}` is on PATH")
+    return compiler
+
+
+def run_compiler(command):
+    """Runs one compiler command; an OSError with the compiler's message when it fails."""
+    try:
+        subprocess.run(command, check=True, capture_output=True, timeout=300)
+    except subprocess.CalledProcessError as error:
+        raise OSError(f"{command[0]} failed: {error.stderr.decode(errors='replace').strip()[:300]}") from None
+
+
+def cached_library(name, key_material, compile_into):
+    """The path of a shared library in ATTNKIT_CACHE/kernels keyed by `key_material` and the CPU's flags,
+    made by `compile_into(aside)` when absent: built aside and renamed into place, so processes
+    building at once each write their own file."""
+    key = hashlib.sha256(key_material + _cpu_flags().encode()).hexdigest()[:16]
+    folder = os.path.join(os.environ.get("ATTNKIT_CACHE", os.path.expanduser("~/.cache/attnkit")), "kernels")
+    path = os.path.join(folder, f"{name}-{key}.so")
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        handle, aside = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(handle)
+        try:
+            compile_into(aside)
+            os.replace(aside, path)
+        finally:
+            if os.path.exists(aside):
+                os.remove(aside)
+    return path
+
+
+def build_with(name, handler, cxx_flags, link_flags=(), key=""):
+    """The path of a library of the C sources and one C++ `handler` that calls them (a backend's
+    custom op), cached as `build`'s by all sources, the compilers, their flags, `key` and the CPU.
+
+    Raises:
+        OSError: a compiler is missing or failed.
+    """
+    cc, cxx = compiler_named("CC", "cc"), compiler_named("CXX", "c++")
+    sources = [name for name in SOURCES if name.endswith(".c")]
+    material = b""
+    for source in (*SOURCES, handler):
+        with open(source, "rb") as f:
+            material += f.read()
+    material += f"{cc} {cxx} {FLAGS} {cxx_flags} {link_flags} {key}".encode()
+
+    def compile_into(aside):
+        with tempfile.TemporaryDirectory() as work:
+            objects = [os.path.join(work, os.path.basename(source) + ".o") for source in (*sources, handler)]
+            for source, obj in zip(sources, objects):
+                run_compiler([cc, *(flag for flag in FLAGS if flag != "-shared"), "-c", source, "-o", obj])
+            run_compiler([cxx, *cxx_flags, "-c", handler, "-o", objects[-1]])
+            run_compiler([cxx, "-shared", "-fopenmp", *objects, "-o", aside, *link_flags])
+
+    return cached_library(name, material, compile_into)

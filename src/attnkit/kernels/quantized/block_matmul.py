@@ -93,6 +93,20 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
         if y is not None:  # None: an infinity in x, which the kernel's factored sums would turn into NaN
             y = y.reshape(*x.shape[:-1], shape[0])  # (..., N)
             return y if bias is None else y + bias
+    custom = _custom_op_for(x, values, scale, offset, bits, dtype)
+    if custom is not None:
+        # the same kernel as jax's custom call or tensorflow's op, inside the compiled step (decision 162)
+
+        def fallback(x, values, scale, offset):  # (M, K) -> (M, N), the dequantized product
+            x = round_q8(x) if activations == "q8" else x
+            return ops.matmul(x, ops.transpose(dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape)))
+
+        y = custom.product(
+            ops.reshape(x, (-1, shape[1])), values, scale, offset, bits=bits, zero=zero, group=group, shape=shape,
+            activations=activations, fallback=fallback,
+        )
+        y = ops.reshape(y, (*x.shape[:-1], shape[0]))  # (..., N)
+        return y if bias is None else ops.add(y, ops.cast(bias, dtype))
     if activations == "q8":
         x = ops.cast(round_q8(x), dtype)  # x^: the same rounding as block_gemv_q8.c, then the float product
     w = dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape, dtype=dtype)  # (N, K)
@@ -162,3 +176,34 @@ def _few_rows_on_cpu(x, values, scale, offset, dtype):
         return False
     rows = x.numel() // x.shape[-1] if x.ndim else 0
     return 0 < rows <= block_gemv.MAX_ROWS and block_gemv.available()
+
+
+def _custom_op_for(x, values, scale, offset, bits, dtype):
+    """The module whose `product` runs x W^T in block_gemv's kernel on jax or tensorflow (jax_block_gemv,
+    tf_block_gemv), or None: a CPU, float32 x of at most MAX_ROWS rows (static shapes), the values and
+    scales the kernel reads, and the op built."""
+    backend = keras.backend.backend()
+    if backend not in ("jax", "tensorflow") or dtype != "float32" or not hasattr(x, "shape") or not x.shape:
+        return None
+    standard = keras.backend.standardize_dtype
+    scales = {standard(t.dtype) for t in (scale, offset) if t is not None}
+    if standard(x.dtype) != "float32" or standard(values.dtype) != ("uint8" if bits == 4 else "int8") or scales not in ({"float32"}, {"float16"}):
+        return None
+    rows = 1
+    for size in x.shape[:-1]:
+        rows = None if size is None or rows is None else rows * size
+    if rows is None or not 0 < rows <= block_gemv.MAX_ROWS:
+        return None
+    if backend == "jax":
+        import jax
+
+        from attnkit.kernels.quantized import jax_block_gemv as module
+
+        on_cpu = jax.default_backend() == "cpu"
+    else:
+        import tensorflow as tf
+
+        from attnkit.kernels.quantized import tf_block_gemv as module
+
+        on_cpu = not tf.config.list_logical_devices("GPU")
+    return module if on_cpu and module.available() else None
