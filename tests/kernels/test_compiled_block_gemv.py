@@ -181,3 +181,26 @@ def test_rows_are_independent_of_the_batch_eagerly_as_under_jit(rows, type_name,
     together = np.asarray(block_linear(tensor(x), *arrays(weights), **layout(weights)))
     alone = np.asarray(jitted(weights)(tensor(x[-1:]), *arrays(weights)))
     np.testing.assert_array_equal(together[-1:], alone)
+
+
+def test_an_eager_product_reuses_its_program():
+    """Eagerly, every call of a layer runs the product: it must not be traced and compiled anew."""
+    weights, reference = packed("Q4_1", seed=19)
+    x = np.random.default_rng(20).standard_normal((2, K)).astype(np.float32)
+    block_linear(tensor(x), *arrays(weights), **layout(weights))
+    if BACKEND == "jax":
+        before = custom._compiled._cache_size()
+    for _ in range(3):
+        y = np.asarray(block_linear(tensor(x), *arrays(weights), **layout(weights)))
+        assert_float32_product(y, x, reference)
+    if BACKEND == "jax":
+        assert custom._compiled._cache_size() == before
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tensorflow's jit_compile")
+def test_a_program_xla_compiles_keeps_the_dequantized_product():
+    """XLA has no kernel for the tensorflow op: under jit_compile the product is the dequantized one."""
+    weights, reference = packed("Q4_1", seed=21)
+    x = np.random.default_rng(22).standard_normal((3, K)).astype(np.float32)
+    product = tf.function(lambda x, v, s, o: block_linear(x, v, s, o, **layout(weights)), jit_compile=True)
+    assert_float32_product(product(tensor(x), *arrays(weights)).numpy(), x, reference)

@@ -79,8 +79,12 @@ def block_gemv(x, values, scale, offset, *, bits, zero, group, shape, activation
 
 
 def threads():
-    """The kernels' OpenMP threads where torch does not set them (jax, tensorflow): the CPUs this
-    process may run on."""
+    """The kernels' OpenMP threads where torch does not set them (jax, tensorflow): OMP_NUM_THREADS
+    where it is a positive number, else the CPUs this process may run on."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0]))
+    except ValueError:
+        pass
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # no affinity on this platform
@@ -250,6 +254,8 @@ def run_compiler(command):
         subprocess.run(command, check=True, capture_output=True, timeout=300)
     except subprocess.CalledProcessError as error:
         raise OSError(f"{command[0]} failed: {error.stderr.decode(errors='replace').strip()[:300]}") from None
+    except subprocess.TimeoutExpired:
+        raise OSError(f"{command[0]} did not finish in 300 s") from None
 
 
 def cached_library(name, key_material, compile_into):

@@ -96,15 +96,8 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
     custom = _custom_op_for(x, values, scale, offset, bits, dtype)
     if custom is not None:
         # the same kernel as jax's custom call or tensorflow's op, inside the compiled step (decision 162)
-
-        def fallback(x, values, scale, offset):  # (M, K) -> (M, N), the dequantized product
-            x = round_q8(x) if activations == "q8" else x
-            return ops.matmul(x, ops.transpose(dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape)))
-
-        y = custom.product(
-            ops.reshape(x, (-1, shape[1])), values, scale, offset, bits=bits, zero=zero, group=group, shape=shape,
-            activations=activations, fallback=fallback,
-        )
+        layout = (bits, float(zero), group, tuple(shape), activations)
+        y = custom.product(layout, ops.reshape(x, (-1, shape[1])), values, scale, offset)
         y = ops.reshape(y, (*x.shape[:-1], shape[0]))  # (..., N)
         return y if bias is None else ops.add(y, ops.cast(bias, dtype))
     if activations == "q8":
@@ -118,6 +111,15 @@ def block_linear(x, values, scale, offset, bias=None, *, bits, zero, group, shap
         return torch.nn.functional.linear(x.to(w.dtype), w, b)
     y = ops.matmul(ops.cast(x, dtype), ops.transpose(w))  # (..., N)
     return y if bias is None else ops.add(y, ops.cast(bias, dtype))
+
+
+def dequantized_product(layout, x, values, scale, offset):
+    """x (M, K) float32 times the dequantized W^T -> (M, N) float32, x rounded first for q8 activations:
+    the product jax's and tensorflow's kernels stand for (their path where the kernel declines, and
+    the function their gradient differentiates). layout: (bits, zero, group, shape, activations)."""
+    bits, zero, group, shape, activations = layout
+    x = round_q8(x) if activations == "q8" else x
+    return ops.matmul(x, ops.transpose(dequantize(values, scale, offset, bits=bits, zero=zero, group=group, shape=shape)))
 
 
 def round_q8(x):
@@ -205,5 +207,9 @@ def _custom_op_for(x, values, scale, offset, bits, dtype):
 
         from attnkit.kernels.quantized import tf_block_gemv as module
 
-        on_cpu = not tf.config.list_logical_devices("GPU")
+        from tensorflow.python.ops import control_flow_util
+
+        # no XLA kernel for the op: a program compiled with jit_compile keeps the dequantize-then-MatMul path
+        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+        on_cpu = not tf.config.list_logical_devices("GPU") and not in_xla
     return module if on_cpu and module.available() else None

@@ -10,8 +10,9 @@ products take the dequantize-then-dot path: the same results, slower.
 
 The product is the kernel's exactly, and where the kernel declines (a group of x summing to an
 infinity or NaN against weights with offsets: `block_gemv.block_gemv` returns None there) a
-`lax.cond` takes the dequantized product instead, as torch's caller does. Its gradient is that of
-the dequantized product (a custom VJP): LoRA over packed weights trains the same under either path.
+`lax.cond` takes `block_matmul.dequantized_product` instead, as torch's caller does. Its gradient is
+that product's (a custom VJP): LoRA over packed weights trains the same under either path. The whole
+is one `jax.jit` per layout, so an eager call reuses its program.
 
 Legend: M rows of x, K inputs, N outputs, G = K / group.
 """
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnkit.kernels.quantized import block_gemv
+from attnkit.kernels.quantized import block_gemv, block_matmul
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HANDLER = os.path.join(HERE, "jax_block_gemv.cc")
@@ -39,7 +40,7 @@ def available():
         try:
             _register()
             _registered = True
-        except (OSError, AttributeError) as error:
+        except (OSError, AttributeError, RuntimeError, ValueError) as error:
             warnings.warn(
                 f"attnkit could not build its packed-weight XLA kernel ({error}); jax's quantized products "
                 "dequantize, then multiply: the same results, slower at small batches. A C and a C++ compiler fix it.",
@@ -49,52 +50,52 @@ def available():
     return _registered
 
 
-def product(x, values, scale, offset, *, bits, zero, group, shape, activations, fallback):
+def product(layout, x, values, scale, offset):
     """x (M, K) float32 jax array times W^T from packed blocks -> (M, N) float32: `block_gemv.block_gemv`'s
     products (q8 activations included), under `jax.jit` or eagerly. Check `available()` first.
 
-    fallback: `(x, values, scale, offset) -> (M, N)`, the dequantized product (offset possibly None):
-    taken where the kernel declines, and differentiated for the gradient.
+    layout: (bits, zero, group, shape, activations), hashable; offset may be None.
     """
     if x.shape[0] == 0:
-        return fallback(x, values, scale, offset)
-    layout = (bits, float(zero), group, shape[0], activations == "q8", offset is not None, fallback)
-    if offset is None:
+        return block_matmul.dequantized_product(layout, x, values, scale, offset)
+    has_offset = offset is not None
+    if not has_offset:
         offset = np.zeros((0,), np.float32)  # not read: the handler reads it only with has_offset
-    return _product(layout, x, values, scale, offset)
+    return _compiled(layout, has_offset, x, values, scale, offset)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _product(layout, x, values, scale, offset):
-    return _forward(layout, x, values, scale, offset)[0]
+def _fallback(layout, has_offset, x, values, scale, offset):
+    return block_matmul.dequantized_product(layout, x, values, scale, offset if has_offset else None)
 
 
-def _forward(layout, x, values, scale, offset):
-    bits, zero, group, n, q8, has_offset, fallback = layout
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _product(layout, has_offset, x, values, scale, offset):
+    return _forward(layout, has_offset, x, values, scale, offset)[0]
+
+
+def _forward(layout, has_offset, x, values, scale, offset):
+    bits, zero, group, (n, _), activations = layout
     call = jax.ffi.ffi_call(TARGET, (jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)))
     y, declined = call(
         x, values, scale, offset, bits=np.int32(bits), zero=np.float32(zero), group=np.int64(group), n=np.int64(n),
-        has_offset=bool(has_offset), q8=bool(q8), threads=np.int32(block_gemv.threads()),
+        has_offset=bool(has_offset), q8=activations == "q8", threads=np.int32(block_gemv.threads()),
     )  # y (M, N); declined: 1 where a group of x sums to an infinity or NaN against offsets
-    given = offset if has_offset else None
-    y = jax.lax.cond(declined == 1, lambda: fallback(x, values, scale, given).astype(jnp.float32), lambda: y)
+    dequantized = functools.partial(_fallback, layout, has_offset)
+    y = jax.lax.cond(declined == 1, lambda: dequantized(x, values, scale, offset).astype(jnp.float32), lambda: y)
     return y, (x, values, scale, offset)
 
 
-def _backward(layout, residuals, g):
+def _backward(layout, has_offset, residuals, g):
     """The dequantized product's gradient with respect to x, scale and offset; none for the integers."""
     x, values, scale, offset = residuals
-    has_offset, fallback = layout[5], layout[6]
-    if has_offset:
-        _, pullback = jax.vjp(lambda x, scale, offset: fallback(x, values, scale, offset), x, scale, offset)
-        dx, dscale, doffset = pullback(g)
-    else:
-        _, pullback = jax.vjp(lambda x, scale: fallback(x, values, scale, None), x, scale)
-        (dx, dscale), doffset = pullback(g), jnp.zeros(offset.shape, offset.dtype)
+    _, pullback = jax.vjp(lambda x, scale, offset: _fallback(layout, has_offset, x, values, scale, offset), x, scale, offset)
+    dx, dscale, doffset = pullback(g)
     return dx, np.zeros(values.shape, jax.dtypes.float0), dscale, doffset
 
 
 _product.defvjp(_forward, _backward)
+# one program per layout and shape, cached by jax: an eager call is not traced anew each time
+_compiled = jax.jit(_product, static_argnums=(0, 1))
 
 
 def _register():

@@ -9,8 +9,9 @@ False, one warning says so, and the products take the dequantize-then-MatMul pat
 results, slower.
 
 As on jax (jax_block_gemv.py): the kernel's products exactly; where the kernel declines (a group of
-x summing to an infinity or NaN against weights with offsets) a `tf.cond` takes the dequantized
-product; the gradient is the dequantized product's.
+x summing to an infinity or NaN against weights with offsets) a `tf.cond` takes
+`block_matmul.dequantized_product`; the gradient is that product's. A program compiled by XLA
+(`jit_compile=True`) keeps the dequantize-then-MatMul path: XLA has no kernel for the op.
 
 Legend: M rows of x, K inputs, N outputs, G = K / group.
 """
@@ -20,7 +21,7 @@ import warnings
 
 import tensorflow as tf
 
-from attnkit.kernels.quantized import block_gemv
+from attnkit.kernels.quantized import block_gemv, block_matmul
 
 HANDLER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tf_block_gemv.cc")
 _ops = None  # the loaded op library, False after a failed build, None before the first try
@@ -32,7 +33,7 @@ def available():
     if _ops is None:
         try:
             _ops = tf.load_op_library(build())
-        except (OSError, tf.errors.NotFoundError) as error:
+        except (OSError, RuntimeError, ValueError, tf.errors.OpError) as error:
             warnings.warn(
                 f"attnkit could not build its packed-weight tensorflow op ({error}); tensorflow's quantized products "
                 "dequantize, then multiply: the same results, slower at small batches. A C and a C++ compiler fix it.",
@@ -42,30 +43,33 @@ def available():
     return bool(_ops)
 
 
-def product(x, values, scale, offset, *, bits, zero, group, shape, activations, fallback):
+def product(layout, x, values, scale, offset):
     """x (M, K) float32 tensor times W^T from packed blocks -> (M, N) float32: `block_gemv.block_gemv`'s
     products (q8 activations included), in a tf.function or eagerly. Check `available()` first.
 
-    fallback: `(x, values, scale, offset) -> (M, N)`, the dequantized product (offset possibly None):
-    taken where the kernel declines, and differentiated for the gradient.
+    layout: (bits, zero, group, shape, activations); offset may be None.
     """
     if x.shape[0] == 0:
-        return fallback(x, values, scale, offset)
+        return block_matmul.dequantized_product(layout, x, values, scale, offset)
+    bits, zero, group, (n, _), activations = layout
     has_offset = offset is not None
     given = offset if has_offset else tf.zeros((0,), scale.dtype)  # not read without has_offset
+
+    def dequantized(x, scale, given):
+        return block_matmul.dequantized_product(layout, x, values, scale, given if has_offset else None)
 
     @tf.custom_gradient
     def run(x, scale, given):
         y, declined = _ops.attnkit_block_gemv(
-            x, values, scale, given, bits=bits, zero=float(zero), group=group, n=shape[0], has_offset=has_offset,
+            x, values, scale, given, bits=bits, zero=zero, group=group, n=n, has_offset=has_offset,
             q8=activations == "q8", threads=block_gemv.threads(),
         )  # y (M, N); declined: 1 where a group of x sums to an infinity or NaN against offsets
-        y = tf.cond(tf.equal(declined, 1), lambda: tf.cast(fallback(x, values, scale, offset), tf.float32), lambda: y)
+        y = tf.cond(tf.equal(declined, 1), lambda: tf.cast(dequantized(x, scale, given), tf.float32), lambda: y)
 
         def gradient(g):
             with tf.GradientTape() as tape:
                 tape.watch([x, scale, given])
-                y = fallback(x, values, scale, given if has_offset else None)
+                y = dequantized(x, scale, given)
             dx, dscale, doffset = tape.gradient(y, [x, scale, given], output_gradients=g)
             return dx, dscale, tf.zeros_like(given) if doffset is None else doffset
 
