@@ -306,13 +306,14 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
         """
         # A program traced for other variables (before `quantize`, `enable_lora`, ...) would run the old
         # layers on the old weights without a word: it is remade when the variables change.
-        key = tuple((id(v), v.dtype, tuple(v.shape)) for v in self.variables)
+        variables = self.variables  # walked once a call: a step's ~700 variables, Keras's walk of the layers
+        key = tuple((id(v), v.dtype, tuple(v.shape)) for v in variables)
         if self._compiled is None or self._compiled.key != key:
             if keras.backend.backend() == "jax":
                 import jax
 
                 def forward(values, token_ids, cos, sin, keeps, keys, vals, start, causals, last_only):
-                    with keras.StatelessScope(state_mapping=list(zip(self.variables, values))):
+                    with keras.StatelessScope(state_mapping=list(zip(variables, values))):
                         view = KVCache.of_buffers(keys, vals)
                         logits, _ = self._forward(token_ids, cos, sin, keeps, causals, view, start, last_only)
                     return logits, tuple(view.keys), tuple(view.values)
@@ -328,7 +329,7 @@ class CausalLM(CheckedCall, SublayerPolicies, keras.Model):
 
                 compiled = tf.function(forward)
             self._compiled = types.SimpleNamespace(key=key, run=compiled)  # a plain object: Keras does not track it
-        values_now = ([v.value for v in self.variables],) if keras.backend.backend() == "jax" else ()
+        values_now = ([v.value for v in variables],) if keras.backend.backend() == "jax" else ()
         logits, keys, values = self._compiled.run(
             *values_now, token_ids, cos, sin, keeps, tuple(cache.keys), tuple(cache.values), ops.convert_to_tensor(start, "int32"),
             causals=causals, last_only=bool(last_only),
