@@ -212,10 +212,7 @@ def build(flags=FLAGS):
         OSError: no compiler, or the compiler failed.
     """
     compiler = compiler_named("CC", "cc")
-    source = b""
-    for name in SOURCES:
-        with open(name, "rb") as f:
-            source += f.read()
+    source = _contents(SOURCES)
 
     def compile_into(aside):
         run_compiler([compiler, *flags, *(name for name in SOURCES if name.endswith(".c")), "-o", aside])
@@ -287,11 +284,7 @@ def build_with(name, handler, cxx_flags, link_flags=(), key=""):
     """
     cc, cxx = compiler_named("CC", "cc"), compiler_named("CXX", "c++")
     sources = [name for name in SOURCES if name.endswith(".c")]
-    material = b""
-    for source in (*SOURCES, handler):
-        with open(source, "rb") as f:
-            material += f.read()
-    material += f"{cc} {cxx} {FLAGS} {cxx_flags} {link_flags} {key}".encode()
+    material = _contents((*SOURCES, handler)) + f"{cc} {cxx} {FLAGS} {cxx_flags} {link_flags} {key}".encode()
 
     def compile_into(aside):
         with tempfile.TemporaryDirectory() as work:
@@ -302,3 +295,12 @@ def build_with(name, handler, cxx_flags, link_flags=(), key=""):
             run_compiler([cxx, "-shared", "-fopenmp", *objects, "-o", aside, *link_flags])
 
     return cached_library(name, material, compile_into)
+
+
+def _contents(paths):
+    """The files' bytes, one after the other (a build's cache key)."""
+    data = b""
+    for path in paths:
+        with open(path, "rb") as f:
+            data += f.read()
+    return data
