@@ -7,6 +7,7 @@ and the model they save is loaded here, in this plain one-device process of anot
 """
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -175,3 +176,17 @@ def test_jax_plan_does_not_shard_the_slices_again():
     from attnkit.distributed import data_parallel_plan
 
     assert data_parallel_plan().engine.auto_shard_dataset is False
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax keys its compiled programs on the mesh in an argument's type")
+def test_a_data_parallel_run_compiles_its_train_step_once(caplog):
+    """On one device Keras keeps the first weights and each epoch's reset metrics off the mesh, the
+    step's outputs are on it: without `commit_state` the step compiled three times in two epochs."""
+    import jax
+
+    config = TrainConfig(epochs=2, n_train=64, n_validation=8, batch_size=16, d_model=16, h=2, n=1, d_ff=32, rate=0.0)
+    with jax.log_compiles(), caplog.at_level(logging.WARNING):
+        _, _, history = train_dates(config, verbose=0, data_parallel=True)
+    compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation of jit(train_step)" in r.getMessage()]
+    assert len(compiled) == 1, compiled
+    assert len(history.history["loss"]) == 2 and history.history["loss"][1] < history.history["loss"][0]

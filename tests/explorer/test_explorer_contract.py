@@ -11,6 +11,9 @@ from hypothesis.extra import numpy as hnp
 
 from attnkit.explorer.contract import Attention, Steps, make_data, to_json, to_script_json
 from attnkit.explorer.page import render_page
+from backend_utils import once_per_run
+
+pytestmark = once_per_run  # the page's data contract and its server: the same code whatever the backend (the weights: test_explorer_sources.py)
 
 
 def make(**kwargs):

@@ -11,6 +11,9 @@ import pytest
 from test_explorer_server import request
 
 from attnkit.explorer.server import ExplorerServer
+from backend_utils import once_per_run
+
+pytestmark = once_per_run  # the page's data contract and its server: the same code whatever the backend (the weights: test_explorer_sources.py)
 
 
 class CountingSource:

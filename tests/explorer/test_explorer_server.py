@@ -15,6 +15,9 @@ from attnkit.explorer import open_model
 from attnkit.explorer.contract import to_json
 from attnkit.explorer.server import ExplorerServer
 from attnkit.ops import set_max_scores_bytes
+from backend_utils import once_per_run
+
+pytestmark = once_per_run  # the page's data contract and its server: the same code whatever the backend (the weights: test_explorer_sources.py)
 
 
 @pytest.fixture

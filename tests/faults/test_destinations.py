@@ -18,6 +18,9 @@ from attnkit.pipelines import encoder as pretrained
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
 from pretrained_fixtures import write_tiny_model  # noqa: E402
+from backend_utils import once_per_run
+
+pytestmark = once_per_run  # writing, checking and refusing files: the same code whatever the backend
 
 linux_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
 

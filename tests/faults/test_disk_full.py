@@ -10,6 +10,9 @@ from fault_helpers import TINY, contents, one_line_error
 from attnkit import cli
 from attnkit.dates import translator as translation
 from attnkit._atomic_save import replace_files
+from backend_utils import once_per_run
+
+pytestmark = once_per_run  # writing, checking and refusing files: the same code whatever the backend
 
 
 def _full(*args, **kwargs):

@@ -22,6 +22,9 @@ from fault_helpers import TINY, contents
 
 from attnkit import cli
 from attnkit.dates.translator import DateTranslator
+from backend_utils import once_per_run
+
+pytestmark = once_per_run  # writing, checking and refusing files: the same code whatever the backend
 
 OUTPUTS = ["model.keras", "translator.json"]
 

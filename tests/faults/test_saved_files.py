@@ -12,6 +12,9 @@ from fault_helpers import one_line_error
 from attnkit import Transformer, cli
 from attnkit.dates.task import CharTokenizer
 from attnkit.dates.translator import DateTranslator
+from backend_utils import once_per_run
+
+pytestmark = once_per_run  # writing, checking and refusing files: the same code whatever the backend
 
 ALPHABET = CharTokenizer().alphabet
 

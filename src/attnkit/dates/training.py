@@ -28,6 +28,7 @@ import numpy as np
 from attnkit._seed import set_random_seed
 from attnkit.dates import task as dates
 from attnkit.dates.translator import build_model, make_arrays, make_optimizer
+from attnkit.distributed.engines import CommittedState
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS_FILE, STATE_FILE = "model.weights.h5", "state.json"
@@ -91,7 +92,7 @@ def train(config, engine, *, checkpoint_dir=None, resume=False, callbacks=(), lo
             rows = local_indices(epoch_order(len(source), config.batch_size, config.seed, epoch), engine.rank, engine.world)
             history = model.fit(
                 **engine.fit_arguments((source[rows], decoder_input[rows]), decoder_target[rows], weights[rows], b),
-                epochs=epoch + 1, initial_epoch=epoch, shuffle=False, verbose=0, callbacks=list(callbacks),
+                epochs=epoch + 1, initial_epoch=epoch, shuffle=False, verbose=0, callbacks=[*callbacks, CommittedState()],
             )
             losses.append(engine.mean(history.history["loss"][-1]))
             seconds = time.perf_counter() - started

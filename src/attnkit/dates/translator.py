@@ -22,6 +22,7 @@ from attnkit._atomic_save import file_sha256, replace_files
 from attnkit._keras_saving import save_model
 from attnkit._seed import set_random_seed
 from attnkit.distributed import data_parallel_plan, single_device_plan
+from attnkit.distributed.engines import CommittedState
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, STEP_SECONDS, StepWatchdog
 from attnkit.models.decoding import beam_search, greedy_decode
 from attnkit.models.transformer import Transformer
@@ -377,6 +378,7 @@ def train_dates(config=TrainConfig(), *, verbose=1, time_budget=None, data_paral
             weighted_metrics=["accuracy"],
         )
         callbacks = list(callbacks) + ([_TimeBudget(time_budget)] if time_budget else [])
+        callbacks.append(CommittedState())  # under a jax distribution: one compiled train step, not three
         if data_parallel:
             callbacks.append(StepWatchdog("data-parallel training", STEP_SECONDS, FIRST_STEP_SECONDS))
         history = model.fit(

@@ -254,6 +254,34 @@ class TensorflowEngine(Engine):
         return {"x": self.strategy.distribute_datasets_from_function(dataset)}
 
 
+def commit_state(model):
+    """Places every variable of `model` (weights, optimizer, metrics) as its distribution lays it out.
+
+    Keras keeps a value that is already where its layout wants it: on one device, a plain array
+    rather than one on the distribution's mesh. A compiled step's outputs are on the mesh, and jax
+    keys its programs on the mesh in an argument's type, so the train step compiled three times
+    (first call, second call, after each epoch's reset of the metrics) instead of once. A no-op on
+    the other backends and without a distribution.
+    """
+    distribution = keras.distribution.distribution()
+    if keras.backend.backend() != "jax" or distribution is None:
+        return
+    import jax
+
+    optimizer = getattr(model, "optimizer", None)
+    for variable in [*model.variables, *(optimizer.variables if optimizer else []), *model.metrics_variables]:
+        sharding = distribution.get_variable_layout(variable).backend_layout
+        if variable.value.sharding != sharding:
+            variable.assign(jax.device_put(variable.value, sharding))
+
+
+class CommittedState(keras.callbacks.Callback):
+    """`commit_state` at each epoch's start, after `fit` has reset the metrics."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        commit_state(self.model)
+
+
 class SingleEngine(Engine):
     """One process, no engine: the reference a P-process run must reproduce."""
 

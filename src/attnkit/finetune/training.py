@@ -14,6 +14,7 @@ from keras import ops
 
 from attnkit import kernels
 from attnkit.finetune import checkpoint, data, lora
+from attnkit.distributed.engines import commit_state
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
@@ -171,6 +172,7 @@ def train_step(model, inputs, targets, weights=None):
     """One optimizer step on a batch, its tokens weighted by `weights` (B, L) (default
     `token_weights(targets)`); returns its loss (float)."""
     model.reset_metrics()
+    commit_state(model)
     weights = token_weights(targets) if weights is None else weights
     return float(model.train_on_batch(inputs, targets, sample_weight=weights, return_dict=True)["loss"])
 
@@ -183,6 +185,7 @@ def evaluate(model, examples, batch_size, pad_id, engine=None):
         inputs, targets = data.collate(examples[start : start + batch_size], pad_id)
         tokens = int((targets != data.IGNORE).sum())
         model.reset_metrics()
+        commit_state(model)
         loss = float(model.test_on_batch(*weighted_share(inputs, targets, engine), return_dict=True)["loss"])
         total, count = total + _mean(engine, loss) * tokens, count + tokens
     mean = total / max(count, 1)
