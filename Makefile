@@ -36,7 +36,7 @@ test: install-dev
 	@set -e; for b in $(BACKENDS); do \
 		echo "=== KERAS_BACKEND=$$b ==="; \
 		start=$$(date +%s); \
-		KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15 tests; \
+		KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 tests; \
 		echo "=== KERAS_BACKEND=$$b took $$(( $$(date +%s) - start )) s ==="; \
 	done
 

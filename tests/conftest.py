@@ -52,6 +52,34 @@ def pytest_report_header(config):
     return f"keras backend: {keras.backend.backend()}"
 
 
+# pytest-xdist hands whole files to its workers in collection order (`--no-loadscope-reorder` in the
+# Makefile; its default puts the files with the most tests first, which left the few-test files that
+# train for minutes to the end, one worker running them while the other idled). These files took the
+# longest in the jax pass (their tests' seconds summed; 130-280 s each), so they start first.
+HEAVY_FIRST = (
+    "tests/test_translation.py",
+    "tests/test_distributed_processes.py",
+    "tests/finetune/test_finetune_processes.py",
+    "tests/models/test_causal_lm.py",
+    "tests/models/test_quantized_saving.py",
+    "tests/ops/test_fused.py",
+    "tests/explorer/test_explorer_causal_lm.py",
+    "tests/faults/test_batches_and_edges.py",
+    "tests/models/test_decoding.py",
+    "tests/models/test_smollm2.py",
+    "tests/ops/test_tiled_attention.py",
+    "tests/test_cli_translation.py",
+    "tests/test_distributed.py",
+    "tests/models/test_transformer.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of HEAVY_FIRST first, in its order; the others after, in collection order."""
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(HEAVY_FIRST)))
+
+
 @pytest.fixture(autouse=True)
 def _float32_policy_and_seed():
     """Every test starts under float32 with fixed seeds, whatever the previous test set."""
