@@ -270,7 +270,8 @@ def commit_state(model):
 
     optimizer = getattr(model, "optimizer", None)
     for variable in [*model.variables, *(optimizer.variables if optimizer else []), *model.metrics_variables]:
-        sharding = distribution.get_variable_layout(variable).backend_layout
+        layout = distribution.get_variable_layout(variable)  # a TensorLayout, or a jax Sharding as given
+        sharding = getattr(layout, "backend_layout", layout)
         if variable.value.sharding != sharding:
             variable.assign(jax.device_put(variable.value, sharding))
 

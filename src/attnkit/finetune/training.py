@@ -171,8 +171,6 @@ class PerShape:
 def train_step(model, inputs, targets, weights=None):
     """One optimizer step on a batch, its tokens weighted by `weights` (B, L) (default
     `token_weights(targets)`); returns its loss (float)."""
-    model.reset_metrics()
-    commit_state(model)
     weights = token_weights(targets) if weights is None else weights
     return float(model.train_on_batch(inputs, targets, sample_weight=weights, return_dict=True)["loss"])
 
@@ -184,8 +182,6 @@ def evaluate(model, examples, batch_size, pad_id, engine=None):
     for start in range(0, len(examples), batch_size):
         inputs, targets = data.collate(examples[start : start + batch_size], pad_id)
         tokens = int((targets != data.IGNORE).sum())
-        model.reset_metrics()
-        commit_state(model)
         loss = float(model.test_on_batch(*weighted_share(inputs, targets, engine), return_dict=True)["loss"])
         total, count = total + _mean(engine, loss) * tokens, count + tokens
     mean = total / max(count, 1)
@@ -243,6 +239,9 @@ def run(model, train, *, epochs, batch_size, pad_id, seed, state, evaluation=(),
     `callbacks` (Keras callbacks) hear of the run's beginning, each step and the end. Returns the state
     with "history" [{epoch, loss, eval_loss, perplexity, seconds}]."""
     rank, world = (engine.rank, engine.world) if engine is not None else (0, 1)
+    # jax: the first step then compiles the program the later ones run (`train_on_batch` and
+    # `test_on_batch` reset the metrics themselves, after building their program).
+    commit_state(model)
     for callback in callbacks:
         callback.on_train_begin()
     try:
