@@ -261,7 +261,8 @@ def commit_state(model):
     rather than one on the distribution's mesh. A compiled step's outputs are on the mesh, and jax
     keys its programs on the mesh in an argument's type, so the train step compiled three times
     (first call, second call, after each epoch's reset of the metrics) instead of once. A no-op on
-    the other backends and without a distribution.
+    the other backends and without a distribution. Call it once the optimizer is built: variables
+    created after it are off the mesh again, and Keras then warns of a mixed placement.
     """
     distribution = keras.distribution.distribution()
     if keras.backend.backend() != "jax" or distribution is None:

@@ -13,8 +13,8 @@ import numpy as np
 from keras import ops
 
 from attnkit import kernels
-from attnkit.finetune import checkpoint, data, lora
 from attnkit.distributed.engines import commit_state
+from attnkit.finetune import checkpoint, data, lora
 
 
 @keras.saving.register_keras_serializable(package="attnkit")
