@@ -70,6 +70,11 @@ def test_collate_shifts_and_pads_on_the_right():
     ("{\"messages\": [{\"role\": \"user\"}]}", "line 2: field \"messages\"[0] must be"),
     ("[1, 2]", "line 2: expected a JSON object"),
     ("{\"text\": \"a\", \"prompt\": \"b\"}", "line 2: expected exactly one of the fields"),
+    # a completion beside text or messages was dropped without a word
+    ("{\"text\": \"a\", \"completion\": \"b\"}", "line 2: expected exactly one of the fields"),
+    ("{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}], \"completion\": \"b\"}",
+     "line 2: expected exactly one of the fields"),
+    ("{\"completion\": \"b\"}", "line 2: expected exactly one of the fields"),
     ("{\"text\": \"a\"", "line 2: not valid JSON"),
 ])
 def test_bad_line_is_refused_with_its_number_and_field(tmp_path, line, message):

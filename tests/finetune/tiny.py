@@ -16,8 +16,10 @@ TEMPLATE = (
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def save_tiny_llama(path, *, seed=0, layers=2):
-    """Writes a tiny LlamaForCausalLM (vocabulary: 256 bytes + 3 special tokens) into `path`; returns str(path)."""
+def save_tiny_llama(path, *, seed=0, layers=2, family="llama", **config_fields):
+    """Writes a tiny LlamaForCausalLM (vocabulary: 256 bytes + 3 special tokens) into `path`; returns str(path).
+    `family` "phi3": a Phi3ForCausalLM (fused qkv_proj and gate_up_proj) of the same sizes; `config_fields`
+    override the config's."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -34,11 +36,11 @@ def save_tiny_llama(path, *, seed=0, layers=2):
         json.dump({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>",
                    "pad_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"}, f)
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=259, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, eos_token_id=258, bos_token_id=257, pad_token_id=256, tie_word_embeddings=True,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    fields = dict(vocab_size=259, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, eos_token_id=258, bos_token_id=257, pad_token_id=256, tie_word_embeddings=True)
+    config_class, model_class = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                                 "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM)}[family]
+    model_class(config_class(**{**fields, **config_fields})).save_pretrained(path)
     return str(path)
 
 

@@ -65,7 +65,7 @@ def save_pretrained(encoder, directory, *, overwrite=False):
 _MODEL_FILES = {
     "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
     "pytorch_model.bin.index.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
-    *TOKENIZER_FILES,
+    "generation_config.json", "chat_template.jinja", "chat_template.json", "tokenizer.model", *TOKENIZER_FILES,
 }
 _SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 _MODULE_FOLDER = re.compile(r"\d+_(Pooling|Dense|Normalize)")

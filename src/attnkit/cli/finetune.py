@@ -12,9 +12,13 @@ import os
 import keras
 
 from attnkit.cli import processes
-from attnkit.cli.errors import non_negative_int, positive_int, seed
+from attnkit.cli.errors import CommandError, non_negative_int, positive_int, seed
 from attnkit.distributed.watchdog import FIRST_STEP_SECONDS, StepWatchdog
 from attnkit.finetune import export, finetune
+
+
+# --lora-rank, --lora-alpha and --lora-targets when not given (None: not given, which --full refuses)
+LORA_DEFAULTS = dict(lora_rank=8, lora_alpha=16.0, lora_targets="q,k,v,o,gate,up,down")
 
 
 def _positive_float(text):
@@ -28,6 +32,12 @@ def _positive_float(text):
 
 
 def _finetune(args):
+    if args.full:
+        given = [f"--{flag}" for flag in ("lora-rank", "lora-alpha", "lora-targets") if getattr(args, flag.replace("-", "_")) is not None]
+        if given:
+            raise CommandError(f"--full trains every weight, without LoRA; {', '.join(given)} would be ignored: leave {'it' if len(given) == 1 else 'them'} out")
+    if args.eval is not None and not os.path.isfile(args.eval):  # before the model loads, as --data
+        raise ValueError(f"--eval {args.eval} cannot be read ({'a directory' if os.path.isdir(args.eval) else 'no such file'})")
     if args.processes or args.coordinator or args.process_id is not None:
         return _finetune_processes(args)
     return _report(args, finetune(**_settings(args)))
@@ -36,7 +46,8 @@ def _finetune(args):
 def _settings(args):
     return dict(
         train_file=args.data, output_dir=args.output_dir, eval_file=args.eval, model=args.model,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets, epochs=args.epochs,
+        **{name: LORA_DEFAULTS[name] if getattr(args, name) is None else getattr(args, name) for name in LORA_DEFAULTS},
+        epochs=args.epochs,
         learning_rate=args.learning_rate, batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
         resume=args.resume, full=args.full, save_every=args.save_every,
     )
@@ -79,7 +90,9 @@ def _report(args, history):
 def export_finetuned(directory, out, force=False):
     """`attnkit export DIR OUT [--force]` (the export command is cli/pretrained.py's, shared with the encoders)."""
     out = export(directory, out, force)
-    print(f"wrote {out} (transformers: AutoModelForCausalLM.from_pretrained; PEFT: {out}/adapter)")
+    adapter = os.path.join(out, "adapter")
+    peft = f"; PEFT: {adapter}" if os.path.isfile(os.path.join(adapter, "adapter_config.json")) else " (a full fine-tune: no adapter)"
+    print(f"wrote {out} (transformers: AutoModelForCausalLM.from_pretrained{peft})")
     return 0
 
 
@@ -90,9 +103,9 @@ def add_commands(commands):
     p.add_argument("--eval", metavar="FILE", help="evaluation data, same forms: loss and perplexity after each epoch")
     p.add_argument("--model", metavar="PATH", help="a GGUF file or a llama / mistral / qwen2 directory (default SmolLM2)")
     p.add_argument("--output-dir", required=True, metavar="DIR", help="where the merged model, the adapter and the checkpoint go")
-    p.add_argument("--lora-rank", type=positive_int, default=8, help="LoRA rank r (default 8)")
-    p.add_argument("--lora-alpha", type=_positive_float, default=16.0, help="LoRA alpha; the update is scaled by alpha / r (default 16)")
-    p.add_argument("--lora-targets", default="q,k,v,o,gate,up,down", help="projections given LoRA (default all: q,k,v,o,gate,up,down)")
+    p.add_argument("--lora-rank", type=positive_int, help="LoRA rank r (default 8)")
+    p.add_argument("--lora-alpha", type=_positive_float, help="LoRA alpha; the update is scaled by alpha / r (default 16)")
+    p.add_argument("--lora-targets", help="projections given LoRA (default all: q,k,v,o,gate,up,down)")
     p.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (default 1)")
     p.add_argument("--learning-rate", type=_positive_float, default=2e-4, help="peak of the cosine schedule (default 2e-4)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="examples per step (default 8)")

@@ -44,8 +44,9 @@ def read_jsonl(path):
 def _checked(record, where):
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object. Received: {type(record).__name__}")
+    # "completion" belongs to "prompt" alone: beside "messages" or "text" it would be dropped without a word
     forms = [k for k in ("messages", "prompt", "text") if k in record]
-    if len(forms) != 1:
+    if len(forms) != 1 or ("completion" in record and forms != ["prompt"]):
         raise ValueError(
             f"{where}: expected exactly one of the fields \"messages\", \"prompt\" (with \"completion\") or \"text\". "
             f"Received the fields {sorted(record)}"

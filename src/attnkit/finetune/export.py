@@ -3,14 +3,20 @@
     OUT/             the merged model: transformers' AutoModelForCausalLM and AutoTokenizer load it
     OUT/adapter/     the LoRA adapter in PEFT's format; its base_model_name_or_path is the base model's
                      Hugging Face directory: --model itself when it was one, else OUT/base/
-    OUT/base/        the base model (a GGUF file's weights as attnkit read them), when --model was a file
+    OUT/base/        the base model as attnkit read it, when --model was a GGUF file or a directory whose
+                     modules PEFT would not find under the adapter's names (phi3's fused qkv_proj)
+
+All of it is written aside and renamed into place together (`replace_tree`); an earlier export's
+model files that this one does not write are removed, a user's other files stay.
 """
 
+import json
 import os
 import shutil
 
-from attnkit._atomic_save import replace_files
-from attnkit.finetune.hf_directory import MODEL_FILES, write_model_directory
+from attnkit._atomic_save import replace_tree
+from attnkit.checkpoints.export import stale_model_files
+from attnkit.finetune.hf_directory import MODEL_FILES, WRITTEN_TYPES, write_model_files
 from attnkit.finetune.run import ADAPTER, ADAPTER_FILES, read_summary, write_adapter
 from attnkit.pipelines.causal_checkpoint import load_causal_lm
 
@@ -32,44 +38,55 @@ def export(directory, out, force=False):
         # replacing it would overwrite the user's base model with the merged one, and the adapter's
         # base_model_name_or_path would name the merged model: PEFT would apply the update twice
         raise FileExistsError(f"{out} is the base model the run was fine-tuned from (--model); export into another directory")
-    replace_files(out, {name: _copier(os.path.join(directory, name)) for name in MODEL_FILES})
-    if settings["full"]:
-        _remove_adapter(out)
-        return out
-    base = settings["model"]
-    if not os.path.isdir(base):  # a GGUF file: PEFT needs the base as a Hugging Face directory
-        base_lm = load_causal_lm(base, dtype="float32")
-        write_model_directory(base_lm, os.path.join(out, "base"))
-        base = os.path.join(out, "base")
+    full = settings["full"]
+    for name in MODEL_FILES:
+        _check_source(os.path.join(directory, name))
     adapter = os.path.join(directory, ADAPTER)
-    replace_files(os.path.join(out, ADAPTER), {
-        "adapter_model.safetensors": _copier(os.path.join(adapter, "adapter_model.safetensors")),
-        "adapter_config.json": lambda path: _with_base(os.path.join(adapter, "adapter_config.json"), path, base),
-    })
+    for name in () if full else ADAPTER_FILES:
+        _check_source(os.path.join(adapter, name))
+    base, base_lm = settings["model"], None
+    if not full and not peft_reads(base):
+        # A GGUF file, or a directory whose modules PEFT would not find under the adapter's names (phi3's
+        # fused qkv_proj: PEFT skips them without a word): the base as attnkit reads it, written beside.
+        base_lm = load_causal_lm(base, dtype="float32")
+        base = os.path.join(out, "base")
+
+    def write(staging):
+        for name in MODEL_FILES:
+            shutil.copyfile(os.path.join(directory, name), os.path.join(staging, name))
+        if full:
+            return
+        os.makedirs(os.path.join(staging, ADAPTER))
+        shutil.copyfile(os.path.join(adapter, "adapter_model.safetensors"), os.path.join(staging, ADAPTER, "adapter_model.safetensors"))
+        _with_base(os.path.join(adapter, "adapter_config.json"), os.path.join(staging, ADAPTER, "adapter_config.json"), base)
+        if base_lm is not None:
+            os.makedirs(os.path.join(staging, "base"))
+            write_model_files(base_lm, os.path.join(staging, "base"))
+
+    # An earlier export's files that this one does not write go (another model's tokenizer files, a
+    # LoRA run's adapter beside a full run's weights, a GGUF base): left, they would be read with it.
+    stale = stale_model_files(out) + [f"{ADAPTER}/{name}" for name in ADAPTER_FILES]
+    stale += [f"base/{name}" for name in stale_model_files(os.path.join(out, "base"))]
+    replace_tree(out, write, remove=stale)
     return out
 
 
-def _remove_adapter(out):
-    """OUT/adapter of an earlier export into OUT, removed: left beside a fully fine-tuned model, PEFT
-    would load another run's update. Only the adapter files attnkit writes go; a folder holding
-    anything else is the user's, and stays."""
-    folder = os.path.join(out, ADAPTER)
-    if not os.path.isdir(folder) or os.path.islink(folder) or set(os.listdir(folder)) - set(ADAPTER_FILES):
-        return
-    for name in os.listdir(folder):
-        os.remove(os.path.join(folder, name))
-    os.rmdir(folder)
+def peft_reads(base):
+    """Whether PEFT finds the adapter's modules in `base` as it is: a Hugging Face directory of a
+    family whose module names are the adapter's (`WRITTEN_TYPES`)."""
+    try:
+        with open(os.path.join(base, "config.json"), encoding="utf-8") as f:
+            return json.load(f).get("model_type") in WRITTEN_TYPES
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
-def _copier(source):
-    if not os.path.isfile(source):
-        raise FileNotFoundError(f"{source} is missing: the fine-tuned directory is incomplete")
-    return lambda path: shutil.copyfile(source, path)
+def _check_source(path):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} is missing: the fine-tuned directory is incomplete")
 
 
 def _with_base(source, path, base):
-    import json
-
     with open(source, encoding="utf-8") as f:
         config = json.load(f)
     config["base_model_name_or_path"] = base

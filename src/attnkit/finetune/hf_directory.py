@@ -6,15 +6,20 @@
     tokenizer_config.json    PreTrainedTokenizerFast over that file, the special tokens, the chat template
     generation_config.json   the stop and padding ids and the model's generation defaults
 
-Every file is written aside and renamed into place (`attnkit._atomic_save.replace_files`).
+Every file is written aside and renamed into place (`attnkit._atomic_save.replace_tree`).
 """
 
 import json
+import os
 
-from attnkit._atomic_save import replace_files
+from attnkit._atomic_save import replace_tree
+from attnkit.checkpoints.context import context_length
+from attnkit.checkpoints.export import stale_model_files
 from attnkit.finetune.lora import merged_weights
 
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+# The model_types written here: their modules have the names PEFT's adapter uses (`lora.TARGETS`).
+WRITTEN_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def model_config(lm):
@@ -33,8 +38,11 @@ def model_config(lm):
         "vocab_size": m.vocab_size, "hidden_size": m.d_model, "intermediate_size": m.d_ff, "num_hidden_layers": m.n,
         "num_attention_heads": m.h, "num_key_value_heads": m.num_kv_heads, "head_dim": m.d_k,
         "rms_norm_eps": m.epsilon, "rope_theta": m.rope_theta, "tie_word_embeddings": m.tie_embeddings,
-        "hidden_act": "silu", "max_position_embeddings": 8192, "torch_dtype": "float32",
+        "hidden_act": "silu", "torch_dtype": "float32",
     }
+    context = base_context_length(lm)
+    if context is not None:  # the base's: 8192 here made a 64-token model claim 8192 in transformers and `serve`
+        config["max_position_embeddings"] = context
     if m.qk_norm:  # Qwen3's q_norm and k_norm: a llama config would load without them
         if windows != {None} or m.attention_bias != m.output_bias or m.mlp_bias:
             raise ValueError(
@@ -63,6 +71,15 @@ def model_config(lm):
     return config
 
 
+def base_context_length(lm):
+    """The context length of the model `lm` was loaded from (`context_length`), or None where its
+    file or config.json gives none: then the written directory gives none either."""
+    try:
+        return context_length(lm.path)
+    except (ValueError, OSError, KeyError):
+        return None
+
+
 def _token_ids(lm):
     ids = {}
     for key, text in lm.special_tokens.items():
@@ -73,7 +90,10 @@ def _token_ids(lm):
 
 
 def tokenizer_config(lm):
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, "model_max_length": 8192}
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    context = base_context_length(lm)
+    if context is not None:
+        settings["model_max_length"] = context
     settings.update({k: v for k, v in lm.special_tokens.items() if k in ("bos_token", "eos_token", "unk_token", "pad_token")})
     if lm.chat_template:
         settings["chat_template"] = lm.chat_template
@@ -81,8 +101,15 @@ def tokenizer_config(lm):
 
 
 def write_model_directory(lm, directory, weights=None):
-    """Writes `lm` (a `PretrainedCausalLM`; its LoRA merged) as a Hugging Face directory into `directory`.
+    """Writes `lm` (a `PretrainedCausalLM`; its LoRA merged) as a Hugging Face directory into `directory`,
+    all files or none; a model's files there that this one does not have (an earlier model's
+    chat_template.jinja, added_tokens.json, weight shards: `stale_model_files`) go, others stay.
     `weights`: {HF name: array} to write instead of the model's own (the base model, say)."""
+    replace_tree(directory, lambda staging: write_model_files(lm, staging, weights), remove=stale_model_files(directory))
+
+
+def write_model_files(lm, directory, weights=None):
+    """MODEL_FILES of `lm` written into `directory` as they are (a staging directory of `replace_tree`)."""
     from safetensors.numpy import save_file
 
     if lm.tokenizer is None:
@@ -94,13 +121,11 @@ def write_model_directory(lm, directory, weights=None):
     generation = {**generation_fields(lm.generation_defaults), "eos_token_id": config["eos_token_id"], "pad_token_id": lm.pad_id}
     if "bos_token_id" in config:
         generation["bos_token_id"] = config["bos_token_id"]
-    replace_files(directory, {
-        "config.json": lambda path: _json(path, config),
-        "model.safetensors": lambda path: save_file(weights, path, metadata={"format": "pt"}),
-        "tokenizer.json": lambda path: lm.tokenizer.save(path),
-        "tokenizer_config.json": lambda path: _json(path, tokenizer_config(lm)),
-        "generation_config.json": lambda path: _json(path, generation),
-    })
+    _json(os.path.join(directory, "config.json"), config)
+    save_file(weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    lm.tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    _json(os.path.join(directory, "tokenizer_config.json"), tokenizer_config(lm))
+    _json(os.path.join(directory, "generation_config.json"), generation)
 
 
 def generation_fields(defaults):

@@ -8,8 +8,8 @@ CLI imports it.
         OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-").chat.completions.create(...)
 """
 
+from attnkit.checkpoints.context import context_length
 from attnkit.server.app import create_app
-from attnkit.server.context import context_length
 from attnkit.server.engine import Engine
 from attnkit.server.run import Server, serving_in_thread
 

@@ -1,5 +1,6 @@
 """A language model's context length: config.json's `max_position_embeddings`, or a GGUF file's
-`<architecture>.context_length`. A request whose prompt and `max_tokens` do not fit is refused."""
+`<architecture>.context_length`. The server refuses a request whose prompt and `max_tokens` do not
+fit it; a fine-tuned model's directory carries its base's (`finetune.hf_directory`)."""
 
 import json
 import os
@@ -19,5 +20,5 @@ def context_length(path):
         with open(file, encoding="utf-8") as f:
             value, where = json.load(f).get("max_position_embeddings"), f"{file}'s max_position_embeddings"
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-        raise ValueError(f"The server needs the model's context length: {where} must be an integer >= 2. Received: {value!r}")
+        raise ValueError(f"The model's context length is needed: {where} must be an integer >= 2. Received: {value!r}")
     return value
