@@ -63,11 +63,8 @@ def _lora_linear_class():
 
         @staticmethod
         def forward(ctx, x, kernel, bias, a, b, scale):
-            # Each rank-r product is taken with the r rows first, (r, M), and used transposed as a
-            # view: torch's GEMM reads an (M, d) operand 2-6x faster into an (r, M) result than into
-            # an (M, r) one.
             rows = x.reshape(-1, x.shape[-1])  # (M, d_in)
-            h_t = a.t() @ rows.t()  # (r, M): (x A)^T
+            h_t = _rank_product(a.t(), rows)  # (r, M): (x A)^T
             y = torch_linear(x, kernel, bias).contiguous()  # (..., d_out), a fresh output
             y.view(-1, y.shape[-1]).addmm_(h_t.t(), b, alpha=scale)  # + s (x A) B, in the GEMM's accumulation
             ctx.save_for_backward(x, kernel, a, b, h_t)
@@ -85,9 +82,10 @@ def _lora_linear_class():
             differentiable = torch.is_grad_enabled()
             if differentiable:
                 h_t = a.t() @ rows.t()
-            grad_h_t = (b @ grad_rows.t()) * ctx.scale if needs_a or needs_x else None  # (r, M): d/d(x A)^T
-            grad_a = (grad_h_t @ rows).t().contiguous() if needs_a else None  # (d_in, r)
-            grad_b = (h_t @ grad_rows) * ctx.scale if needs_b else None  # (r, d_out)
+            product = (lambda p, q: p @ q.t()) if differentiable else _rank_product
+            grad_h_t = product(b, grad_rows) * ctx.scale if needs_a or needs_x else None  # (r, M): d/d(x A)^T
+            grad_a = product(grad_h_t, rows.t()).t().contiguous() if needs_a else None  # (d_in, r)
+            grad_b = product(h_t, grad_rows.t()) * ctx.scale if needs_b else None  # (r, d_out)
             grad_x, grad_kernel = onednn.linear_grads(grad_rows, rows, kernel, needs_x, needs_kernel)
             if grad_x is not None:  # (M, d_in): dY W^T + dH A^T, the second product accumulated into the first
                 grad_h = grad_h_t.t()  # (M, r)
@@ -97,6 +95,17 @@ def _lora_linear_class():
             return grad_x, grad_kernel, grad_bias, grad_a, grad_b, None
 
     return LoRALinear
+
+
+def _rank_product(p, q):
+    """p q^T for a rank-r `p` (r, K) and `q` (N, K): (r, N), by oneDNN's linear where it takes them (q
+    as its weight), else torch's GEMM. Both read the wide operand once; oneDNN's ran these skinny
+    products 1.3-2x faster than MKL's GEMM on SmolLM2's widths."""
+    import torch
+
+    if onednn.takes(p, q, None) and p.dim() == 2:
+        return torch.ops.mkldnn._linear_pointwise(p.contiguous(), q, None, "none", [], "none")
+    return p @ q.t()
 
 
 LoRALinear = onednn._LazyFunction(_lora_linear_class)
