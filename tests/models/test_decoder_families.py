@@ -6,6 +6,7 @@ attnkit does not run exactly are refused by name."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -215,3 +216,20 @@ def test_gguf_architectures_without_a_reader_are_refused_by_name(tmp_path, arch)
     writer.close()
     with pytest.raises(ValueError, match=f"GGUF architecture '{arch}' is not supported by attnkit"):
         read_gguf(tmp_path / "m.gguf")
+
+
+@once_per_run
+def test_a_weight_of_the_wrong_shape_is_named_in_the_checkpoints_layout(tmp_path_factory):
+    """The message printed the kernel's (in, out) shapes under the checkpoint's (out, in) name: a
+    (40, 48) gate_proj read as "(48, 40); the model expects (48, 80)"."""
+    from safetensors.numpy import load_file, save_file
+
+    _, path = _save(tmp_path_factory, "qwen3")
+    file = os.path.join(path, "model.safetensors")
+    weights = load_file(file)
+    name = "model.layers.1.mlp.gate_proj.weight"
+    assert weights[name].shape == (80, 48)
+    weights[name] = weights[name][:40]
+    save_file(weights, file, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=re.escape(f"Weight '{name}' has shape (40, 48); the model expects (80, 48)")):
+        load_causal_lm(path)

@@ -63,3 +63,23 @@ def test_a_missing_or_per_layer_size_is_refused_by_name(tmp_path, kwargs, messag
     # These were TypeErrors and a ZeroDivisionError naming no key (docs/decisions.md item 85).
     with pytest.raises(ValueError, match=message):
         read_gguf(_write(tmp_path / "model.gguf", **kwargs))
+
+
+def test_a_file_cut_anywhere_in_its_header_is_refused_as_a_gguf_file_by_name(tmp_path):
+    """A cut inside a string of the header read past the end of gguf's arrays: a bare IndexError,
+    naming no file (a probe found it at 52 of 180 cut points)."""
+    whole = _write(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    for end in range(4, min(len(whole), 1200), 7):
+        cut.write_bytes(whole[:end])
+        with pytest.raises(ValueError, match=r"cut\.gguf is not a readable GGUF file"):
+            read_gguf(str(cut))
+
+
+def test_an_empty_gguf_file_is_refused_as_one_not_as_a_missing_directory(tmp_path):
+    from attnkit import load_pretrained
+
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.gguf is not a readable GGUF file"):
+        load_pretrained(str(empty))  # it said "is not a directory"

@@ -35,7 +35,7 @@ def keep_blocks(dense, weights, activations=None):
     check_activations(activations, weights.bits, weights.group, weights.shape, weights.type_name, dense.name, weights.zero, weights.offset)
     if tuple(dense.kernel.shape) != (k, n):
         raise ValueError(
-            f"Blocks of shape (N, K)={weights.shape} do not fit `{dense.name}`'s kernel (K, N)={tuple(dense.kernel.shape)}"
+            f"Blocks of shape (N, K)={weights.shape} do not fit `{dense.name}`, whose weight is (N, K)={tuple(dense.kernel.shape)[::-1]}"
         )
     source = dense.dtype_policy.name if dense.dtype_policy.quantization_mode is None else "float32"
     dense._tracker.unlock()

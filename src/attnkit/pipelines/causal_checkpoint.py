@@ -59,11 +59,13 @@ def default_causal_lm_path():
 
 
 def is_causal_checkpoint(path):
-    """Whether `path` is a GGUF file or a directory whose config.json names a decoder-only model_type."""
+    """Whether `path` is a GGUF file (by its magic bytes, or named .gguf: an empty or cut one is then
+    refused as a GGUF file, not as a missing model directory) or a directory whose config.json names a
+    decoder-only model_type."""
     path = os.fspath(path)
     if os.path.isfile(path):
         with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
+            return f.read(4) == b"GGUF" or path.lower().endswith(".gguf")
     config = os.path.join(path, "config.json")
     if not os.path.isfile(config):
         return False
@@ -217,12 +219,11 @@ def assign_weights(model, config, weights, path="the checkpoint"):
         if name not in weights:
             raise ValueError(f"The checkpoint has no weight {name!r}. Received: {path}")
         array = np.asarray(weights.pop(name), dtype="float32")
-        array = array.T if transpose else array
-        if tuple(array.shape) != tuple(variable.shape):
-            raise ValueError(
-                f"Weight {name!r} has shape {tuple(array.shape)}; the model expects {tuple(variable.shape)}. Received: {path}"
-            )
-        variable.assign(array)
+        # named in the checkpoint's (out, in) layout: printed as the kernel's (in, out), the two read as swapped
+        expected = tuple(variable.shape)[::-1] if transpose else tuple(variable.shape)
+        if tuple(array.shape) != expected:
+            raise ValueError(f"Weight {name!r} has shape {tuple(array.shape)}; the model expects {expected}. Received: {path}")
+        variable.assign(array.T if transpose else array)
 
     def take_kernel(name, dense):
         """A projection's weight (out, in) into `dense`: a float array transposed into its kernel, or

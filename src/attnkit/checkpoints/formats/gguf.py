@@ -10,6 +10,8 @@ GGUF integration builds it (byte-level BPE, control tokens special, user-defined
 Legend: V vocabulary, n layers, h / h_kv heads, d_k per-head width.
 """
 
+import struct
+
 import numpy as np
 
 from attnkit.checkpoints.families.decoders import GGUF_ARCHITECTURES
@@ -71,8 +73,9 @@ def read_gguf(path, keep_packed=False):
 
     try:
         reader = GGUFReader(str(path))
-    except (ValueError, OSError, KeyError) as error:
-        raise ValueError(f"{path} is not a readable GGUF file: {error}") from None
+    except (ValueError, OSError, KeyError, IndexError, OverflowError, struct.error) as error:
+        # a file cut inside its header reads past the end of gguf's arrays: IndexError, which named no file
+        raise ValueError(f"{path} is not a readable GGUF file (cut short, or not GGUF): {type(error).__name__}: {error}") from None
     meta = {name: field for name, field in reader.fields.items()}
 
     def value(key, default=None):
