@@ -54,8 +54,11 @@ def read_progress(directory):
 
 def check_settings(directory, saved, current):
     """Refuses resuming with settings other than the checkpoint's, except those in RESUMABLE."""
+    # a --full run trains no LoRA: its lora_* settings mean nothing (one begun before --full refused
+    # them may hold any), so they are not compared
+    unused = ("lora_rank", "lora_alpha", "lora_targets") if saved.get("full") and current.get("full") else ()
     for key in current:
-        if key not in RESUMABLE and saved.get(key) != current[key]:
+        if key not in RESUMABLE and key not in unused and saved.get(key) != current[key]:
             if key == "data_sha256" and saved.get(key) and saved.get("data") == current["data"]:
                 raise ValueError(f"--resume: {current['data']} has changed since the checkpoint in {directory} was written "
                                  "(its SHA-256 differs); resume with the data the run began with, or start a new --output-dir")

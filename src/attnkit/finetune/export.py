@@ -45,7 +45,13 @@ def export(directory, out, force=False):
     for name in () if full else ADAPTER_FILES:
         _check_source(os.path.join(adapter, name))
     base, base_lm = settings["model"], None
+    # a base inside OUT/base (--model OUT/base, the base an earlier export wrote): its files are the
+    # user's model now, never an earlier export's to remove or replace
+    written_base = os.path.realpath(os.path.join(out, "base"))
+    base_inside = os.path.commonpath([os.path.realpath(base), written_base]) == written_base
     if not full and not peft_reads(base):
+        if base_inside:
+            raise FileExistsError(f"{out} holds the base model the run was fine-tuned from (--model {base}); export into another directory")
         # A GGUF file, or a directory whose modules PEFT would not find under the adapter's names (phi3's
         # fused qkv_proj: PEFT skips them without a word): the base as attnkit reads it, written beside.
         base_lm = load_causal_lm(base, dtype="float32")
@@ -66,7 +72,8 @@ def export(directory, out, force=False):
     # An earlier export's files that this one does not write go (another model's tokenizer files, a
     # LoRA run's adapter beside a full run's weights, a GGUF base): left, they would be read with it.
     stale = stale_model_files(out) + [f"{ADAPTER}/{name}" for name in ADAPTER_FILES]
-    stale += [f"base/{name}" for name in stale_model_files(os.path.join(out, "base"))]
+    if not base_inside:
+        stale += [f"base/{name}" for name in stale_model_files(os.path.join(out, "base"))]
     replace_tree(out, write, remove=stale)
     return out
 

@@ -74,6 +74,8 @@ def model_config(lm):
 def base_context_length(lm):
     """The context length of the model `lm` was loaded from (`context_length`), or None where its
     file or config.json gives none: then the written directory gives none either."""
+    if lm.path is None:  # a model built in code
+        return None
     try:
         return context_length(lm.path)
     except (ValueError, OSError, KeyError):

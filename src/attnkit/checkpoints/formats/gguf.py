@@ -73,7 +73,9 @@ def read_gguf(path, keep_packed=False):
 
     try:
         reader = GGUFReader(str(path))
-    except (ValueError, OSError, KeyError, IndexError, OverflowError, struct.error) as error:
+    except OSError as error:
+        raise ValueError(f"{path} is not a readable GGUF file: {error}") from None
+    except (ValueError, KeyError, IndexError, OverflowError, struct.error) as error:
         # a file cut inside its header reads past the end of gguf's arrays: IndexError, which named no file
         raise ValueError(f"{path} is not a readable GGUF file (cut short, or not GGUF): {type(error).__name__}: {error}") from None
     meta = {name: field for name, field in reader.fields.items()}
