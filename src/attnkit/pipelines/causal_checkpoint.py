@@ -59,13 +59,11 @@ def default_causal_lm_path():
 
 
 def is_causal_checkpoint(path):
-    """Whether `path` is a GGUF file (by its magic bytes, or named .gguf: an empty or cut one is then
-    refused as a GGUF file, not as a missing model directory) or a directory whose config.json names a
-    decoder-only model_type."""
+    """Whether `path` is a GGUF file or a directory whose config.json names a decoder-only model_type."""
     path = os.fspath(path)
     if os.path.isfile(path):
         with open(path, "rb") as f:
-            return f.read(4) == b"GGUF" or path.lower().endswith(".gguf")
+            return f.read(4) == b"GGUF"
     config = os.path.join(path, "config.json")
     if not os.path.isfile(config):
         return False

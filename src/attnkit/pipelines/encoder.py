@@ -88,7 +88,8 @@ def load_pretrained(path=None, *, dtype="float32"):
             f"`path` must be a model directory (str or os.PathLike) or None. Received: path of type {type(path).__name__}"
         )
     # A decoder (causal language model) checkpoint dispatches here, before the encoder's pipeline.
-    if path is not None and is_causal_checkpoint(path):
+    # a file named .gguf that is not one (empty, cut) is refused as a GGUF file, not as a missing directory
+    if path is not None and (is_causal_checkpoint(path) or (os.path.isfile(path) and os.fspath(path).lower().endswith(".gguf"))):
         return load_causal_lm(path, dtype=dtype)  # GGUF files and llama / mistral / qwen2 directories (docs/decisions.md item 35)
     if not isinstance(dtype, str) or dtype not in ENCODER_DTYPES:
         raise ValueError(f"`dtype` of an encoder must be one of {ENCODER_DTYPES}. Received: dtype={dtype!r}")
