@@ -36,8 +36,6 @@ def _finetune(args):
         given = [f"--{flag}" for flag in ("lora-rank", "lora-alpha", "lora-targets") if getattr(args, flag.replace("-", "_")) is not None]
         if given:
             raise CommandError(f"--full trains every weight, without LoRA; {', '.join(given)} would be ignored: leave {'it' if len(given) == 1 else 'them'} out")
-    if args.eval is not None and not os.path.isfile(args.eval):  # before the model loads, as --data
-        raise ValueError(f"--eval {args.eval} cannot be read ({'a directory' if os.path.isdir(args.eval) else 'no such file'})")
     if args.processes or args.coordinator or args.process_id is not None:
         return _finetune_processes(args)
     return _report(args, finetune(**_settings(args)))

@@ -51,6 +51,8 @@ def finetune(train_file, output_dir, *, eval_file=None, model=None, lora_rank=8,
         max_length=positive_int("max_length", max_length), seed=int(seed), full=bool(full), dtype=dtype,
         weight_decay=float(weight_decay), save_every=int(save_every), backend=keras.backend.backend(),
     )
+    if eval_file is not None and not os.path.isfile(eval_file):  # before the model loads, as --data (was a bare "[Errno 2]")
+        raise ValueError(f"--eval {eval_file} cannot be read ({'a directory' if os.path.isdir(eval_file) else 'no such file'})")
     output_dir = os.path.abspath(output_dir)
     if os.path.lexists(output_dir) and not os.path.isdir(output_dir):  # refused now, not when the first checkpoint is written
         raise FileExistsError(f"--output-dir {output_dir} exists and is not a directory; choose a directory")
