@@ -131,6 +131,14 @@ def test_a_full_run_begun_with_lora_settings_resumes(tiny_dir, tmp_path):
         checkpoint.check_settings(str(tmp_path), dict(saved, full=False), dict(saved, full=False, lora_rank=8))
 
 
+def test_an_empty_out_is_refused_not_read_as_the_working_directory(tiny_dir, tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", date_chats(4))
+    out = str(tmp_path / "out")
+    finetune(train, out, model=tiny_dir, **SETTINGS)
+    with pytest.raises(ValueError, match="OUT must not be empty"):
+        export(out, "", force=True)
+
+
 def test_a_model_built_in_code_is_written_without_a_context_length():
     """`PretrainedCausalLM(path=None)`: the base's context length was read from None, a TypeError."""
     from types import SimpleNamespace

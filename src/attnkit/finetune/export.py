@@ -25,6 +25,8 @@ def export(directory, out, force=False):
     """Writes OUT from the fine-tuned `directory` (module docstring); returns OUT's absolute path. An
     OUT that exists (other than an empty directory) is replaced only with `force`, and only when it is
     a model directory (config.json) other than the run's base model."""
+    if not os.fspath(out):  # os.path.abspath("") is the working directory, which --force would replace
+        raise ValueError("OUT must not be empty. Received: OUT=''")
     directory, out = os.path.abspath(directory), os.path.abspath(out)
     summary = read_summary(directory)
     settings = summary["settings"]
